@@ -1,0 +1,47 @@
+"""The one registry of environment variables normir reads. Nothing else calls os.environ."""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class EnvVar:
+    name: str
+    default: str
+    help: str
+
+    def get(self) -> str:
+        return os.environ.get(self.name, self.default)
+
+
+CACHE_DIR = EnvVar(
+    "NORMIR_CACHE_DIR", os.path.join(os.path.expanduser("~"), ".cache", "normir"),
+    "on-disk cache of compiled kernels (read and written)",
+)
+AOT_DIRS = EnvVar(
+    "NORMIR_AOT_DIRS", "",
+    "extra read-only cache folders made by `normir aot`, separated by os.pathsep; searched first",
+)
+DUMP_DIR = EnvVar(
+    "NORMIR_DUMP_DIR", "",
+    "when set, every compile writes its numbered stage files (00_input.mlir, ...) below this folder",
+)
+ROCM_PATH = EnvVar(
+    "NORMIR_ROCM_PATH", "",
+    "toolkit folder for gfx hsaco linking (needs llvm/bin/ld.lld); else ROCM_PATH, /opt/rocm, "
+    "or the Debian lld-22 that scripts/setup.sh installs",
+)
+PTXAS = EnvVar("NORMIR_PTXAS", "", "ptxas to make cubins; else the one on PATH; without one, PTX")
+NO_COMPILE = EnvVar(
+    "NORMIR_NO_COMPILE", "0",
+    "1: never compile at run time; a kernel missing from the caches is an error (AOT deployments)",
+)
+TARGET = EnvVar("NORMIR_TARGET", "", "override the target chip picked from the torch device (e.g. sm_90)")
+
+ALL = (CACHE_DIR, AOT_DIRS, DUMP_DIR, ROCM_PATH, PTXAS, NO_COMPILE, TARGET)
+
+
+def describe() -> str:
+    return "\n".join(f"{v.name} (default {v.default!r}): {v.help}" for v in ALL)

@@ -1,0 +1,100 @@
+"""Torch-facing launch plumbing: device -> target, the kernel handle cache, streams, vector width.
+
+The hot path (a dict hit, a few int operations and one ctypes call) never imports MLIR, hashes
+kernel text or builds Options; those happen once per (kernel, shape, dtype, device) on a miss.
+"""
+
+from __future__ import annotations
+
+import threading
+from functools import cache
+
+import torch
+
+from . import env, library, runtime, targets
+from .kernels import KERNELS
+from .specialize import DTYPES, MAX_VECTOR_BYTES, Layout, Options
+
+TORCH_DTYPES = {torch.bfloat16: "bf16", torch.float16: "f16", torch.float32: "f32"}
+
+_handles: dict[tuple, tuple[runtime.LaunchHandle, Layout]] = {}
+_lock = threading.Lock()
+
+
+def vendor() -> str:
+    return "hip" if torch.version.hip else "cuda"
+
+
+@cache
+def device_target(index: int) -> str:
+    forced = env.TARGET.get()
+    if forced:
+        return targets.get(forced).chip
+    if torch.version.hip:
+        chip = torch.cuda.get_device_properties(index).gcnArchName.split(":")[0]
+    else:
+        major, minor = torch.cuda.get_device_capability(index)
+        chip = f"sm_{major}{minor}"
+    if chip not in targets.TARGETS:
+        raise RuntimeError(f"GPU {index} is {chip}, which normir has no target for; supported: "
+                           f"{sorted(targets.TARGETS)} (NORMIR_TARGET overrides the detection)")
+    return chip
+
+
+def handle(kernel: str, device: int, n: int, dtype: str, wdtype: str, eps: float, has_weight: bool,
+           store_rstd: bool, vec: int, atomic_dw: bool = False) -> tuple[runtime.LaunchHandle, Layout]:
+    key = (kernel, device, n, dtype, wdtype, eps, has_weight, store_rstd, vec, atomic_dw)
+    hit = _handles.get(key)
+    if hit is not None:
+        return hit
+    with _lock:
+        hit = _handles.get(key)
+        if hit is None:
+            opts = Options(kernel=kernel, n=n, dtype=dtype, wdtype=wdtype, eps=eps,
+                           target=device_target(device), has_weight=has_weight,
+                           store_rstd=store_rstd, vec=vec, atomic_dw=atomic_dw)
+            binary = library.get_binary(opts)
+            drv = runtime.driver(vendor())
+            fn = drv.function(device, binary.key, binary.data, binary.entry)
+            spec = KERNELS[kernel]
+            h = runtime.LaunchHandle(drv, fn, binary.entry, opts.layout.block, spec.args)
+            hit = _handles[key] = (h, opts.layout)
+    return hit
+
+
+_raw_stream = getattr(torch._C, "_cuda_getCurrentRawStream", None)
+
+
+def stream(device: int) -> int:
+    if _raw_stream is not None:
+        return _raw_stream(device)
+    return torch.cuda.current_stream(device).cuda_stream
+
+
+def vector_width(n: int, elem_bytes: int, pointers_and_bytes: tuple[tuple[int, int], ...],
+                 strides: tuple[int, ...]) -> int:
+    """The widest vector (elements) that N, every row stride and every pointer's alignment allow.
+
+    pointers_and_bytes: (data_ptr, element bytes) of each tensor the kernel touches with vectors;
+    a tensor's alignment must cover vec * its element size (capped at 16 bytes).
+    """
+    vec = MAX_VECTOR_BYTES // elem_bytes
+    while vec > 1:
+        if n % vec == 0 and all(s % vec == 0 for s in strides) and all(
+            p % min(MAX_VECTOR_BYTES, vec * b) == 0 for p, b in pointers_and_bytes
+        ):
+            break
+        vec //= 2
+    return vec
+
+
+def dtype_name(t: torch.dtype, what: str) -> str:
+    try:
+        return TORCH_DTYPES[t]
+    except KeyError:
+        raise TypeError(f"{what} has dtype {t}; normir supports torch.bfloat16, torch.float16 and "
+                        f"torch.float32") from None
+
+
+def element_bytes(name: str) -> int:
+    return DTYPES[name]

@@ -1,0 +1,252 @@
+"""RMSNorm: forward and backward launchers, float64 references, the autograd Function, the
+public functions and the nn.Module. Read top to bottom: checks, launchers, autograd, API."""
+
+from __future__ import annotations
+
+import math
+from functools import cache
+
+import torch
+
+from .. import launch as L
+from ..specialize import FLT_MIN, MAX_N
+
+# ---------------------------------------------------------------------------- argument checks
+
+
+def check_eps(eps: float) -> float:
+    if isinstance(eps, bool) or not isinstance(eps, (int, float)):
+        raise TypeError(f"eps must be a float, got {type(eps).__name__}")
+    eps = float(eps)
+    if not (math.isfinite(eps) and eps >= FLT_MIN):
+        raise ValueError(f"eps={eps!r} must be a finite float >= {FLT_MIN:g} (a normal float32), e.g. 1e-6")
+    return eps
+
+
+def check_input(x: torch.Tensor, name: str) -> str:
+    if not isinstance(x, torch.Tensor):
+        raise TypeError(f"{name} must be a torch.Tensor, got {type(x).__name__}")
+    if not x.is_cuda:
+        raise ValueError(f"{name} is on {x.device}; normir runs on GPUs: move it with {name}.cuda()")
+    dt = L.dtype_name(x.dtype, name)
+    if x.dim() < 1:
+        raise ValueError(f"{name} must have at least one dimension (the normalized one), got a scalar")
+    n = x.shape[-1]
+    if not 1 <= n <= MAX_N:
+        raise ValueError(f"{name}.shape[-1] = {n} is out of range: normir supports 1 <= N <= {MAX_N}")
+    return dt
+
+
+def check_weight(weight: torch.Tensor | None, x: torch.Tensor, n: int, name: str = "weight") -> torch.Tensor | None:
+    if weight is None:
+        return None
+    if not isinstance(weight, torch.Tensor):
+        raise TypeError(f"{name} must be a torch.Tensor or None, got {type(weight).__name__}")
+    if weight.device != x.device:
+        raise ValueError(f"{name} is on {weight.device} but x is on {x.device}; put both on one device")
+    if weight.dtype not in (x.dtype, torch.float32):
+        raise TypeError(f"{name} has dtype {weight.dtype}; it must match x ({x.dtype}) or be torch.float32")
+    if weight.dim() != 1 or weight.shape[0] != n:
+        raise ValueError(f"{name} has shape {tuple(weight.shape)}; it must be ({n},), the size of x's last dim")
+    return weight.contiguous()  # a strided weight is copied (N elements, cheap)
+
+
+def rows_of(t: torch.Tensor) -> tuple[torch.Tensor, int]:
+    """(M, N) view of t and its row stride in elements. Rows may be strided (any row pitch);
+    a last dimension that is not contiguous, or leading dims that cannot be flattened into
+    one strided dimension, are copied first."""
+    n = t.shape[-1]
+    if t.stride(-1) != 1 and n > 1:
+        t = t.contiguous()
+    try:
+        t2 = t.view(-1, n)
+    except RuntimeError:
+        t2 = t.reshape(-1, n).contiguous()
+    stride = t2.stride(0) if t2.shape[0] > 1 else n
+    return t2, stride
+
+
+@cache
+def _sm_count(device: int) -> int:
+    return torch.cuda.get_device_properties(device).multi_processor_count
+
+
+class _on_device:
+    """Launch under the tensor's device so that its context and stream are the ones used."""
+
+    __slots__ = ("dev", "prev")
+
+    def __init__(self, dev: int):
+        self.dev = dev
+
+    def __enter__(self):
+        self.prev = torch.cuda.current_device()
+        if self.prev != self.dev:
+            torch.cuda.set_device(self.dev)
+
+    def __exit__(self, *exc):
+        if self.prev != self.dev:
+            torch.cuda.set_device(self.prev)
+
+
+# ---------------------------------------------------------------------------- launchers
+
+
+def rmsnorm_fwd(x: torch.Tensor, weight: torch.Tensor | None = None, eps: float = 1e-6,
+                store_rstd: bool = False) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """y = x / sqrt(mean(x^2, -1) + eps) * weight, over the last dim; fp32 accumulation.
+
+    Returns (y, rstd): y has x's shape and dtype; rstd (float32, shape x.shape[:-1]) only when
+    store_rstd, else None. weight: None, or (N,) in x's dtype or float32. x is not modified.
+    """
+    eps = check_eps(eps)
+    dt = check_input(x, "x")
+    n = x.shape[-1]
+    w = check_weight(weight, x, n)
+    x2, xs = rows_of(x)
+    m = x2.shape[0]
+    y = torch.empty((m, n), dtype=x.dtype, device=x.device)
+    rstd = torch.empty((m,), dtype=torch.float32, device=x.device) if store_rstd else None
+    if m:
+        dev = x.device.index
+        eb = x.element_size()
+        ptrs = ((x2.data_ptr(), eb), (y.data_ptr(), eb))
+        if w is not None:
+            ptrs += ((w.data_ptr(), w.element_size()),)
+        vec = L.vector_width(n, eb, ptrs, (xs,))
+        wdt = L.TORCH_DTYPES[w.dtype] if w is not None else dt
+        with _on_device(dev):
+            h, lay = L.handle("rmsnorm_fwd", dev, n, dt, wdt, eps, w is not None, store_rstd, vec)
+            h.launch(-(-m // lay.rows), L.stream(dev), x2.data_ptr(), w.data_ptr() if w is not None else 0,
+                     y.data_ptr(), rstd.data_ptr() if rstd is not None else 0, m, xs, n)
+    return y.view(x.shape), (rstd.view(x.shape[:-1]) if rstd is not None else None)
+
+
+BWD_KEY_EPS = 1e-6  # the backward does not use eps; one value keeps one binary per shape
+
+
+def rmsnorm_bwd(x: torch.Tensor, weight: torch.Tensor | None, dy: torch.Tensor, rstd: torch.Tensor,
+                atomic_dw: bool = False) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """Gradients of rmsnorm: (dx, dw). rstd is the forward's (store_rstd=True).
+
+    dw is None without a weight, else in the weight's dtype, summed in fp32 in a fixed order
+    (bit-identical across runs). atomic_dw=True adds block sums with fp32 atomics instead (not
+    bit-reproducible; offered for comparison) and needs a row that fits the register mode.
+    """
+    dt = check_input(x, "x")
+    n = x.shape[-1]
+    w = check_weight(weight, x, n)
+    check_input(dy, "dy")
+    if dy.shape != x.shape or dy.dtype != x.dtype or dy.device != x.device:
+        raise ValueError(f"dy must match x in shape, dtype and device: dy is {tuple(dy.shape)} {dy.dtype} "
+                         f"on {dy.device}, x is {tuple(x.shape)} {x.dtype} on {x.device}")
+    if not isinstance(rstd, torch.Tensor) or rstd.dtype != torch.float32 or rstd.device != x.device \
+            or rstd.numel() != x.numel() // max(n, 1):
+        raise ValueError("rstd must be the float32 tensor of shape x.shape[:-1] on x's device that "
+                         "rmsnorm_fwd(..., store_rstd=True) returned")
+    x2, xs = rows_of(x)
+    dy2, dys = rows_of(dy)
+    rstd = rstd.contiguous().view(-1)
+    m = x2.shape[0]
+    dx = torch.empty((m, n), dtype=x.dtype, device=x.device)
+    dw = None if w is None else torch.empty((n,), dtype=w.dtype, device=x.device)
+    if m == 0:
+        if dw is not None:
+            dw.zero_()
+        return dx.view(x.shape), dw
+    dev = x.device.index
+    eb = x.element_size()
+    ptrs = ((x2.data_ptr(), eb), (dy2.data_ptr(), eb), (dx.data_ptr(), eb))
+    if w is not None:
+        ptrs += ((w.data_ptr(), w.element_size()),)
+    vec = L.vector_width(n, eb, ptrs, (xs, dys))
+    wdt = L.TORCH_DTYPES[w.dtype] if w is not None else dt
+    with _on_device(dev):
+        h, lay = L.handle("rmsnorm_bwd", dev, n, dt, wdt, BWD_KEY_EPS, w is not None, False, vec, atomic_dw)
+        if atomic_dw and not lay.cache_row:
+            raise ValueError(f"atomic_dw=True needs rows that fit the register mode; N={n} in {x.dtype} "
+                             "takes the streaming mode: use the default atomic_dw=False")
+        groups = -(-m // lay.rows)
+        grid = min(groups, _sm_count(dev) * h.blocks_per_sm)
+        stream = L.stream(dev)
+        if w is None:
+            part, parts = None, 0
+        elif atomic_dw:
+            part, parts = torch.zeros((1, n), dtype=torch.float32, device=x.device), 1
+        else:
+            parts = grid * lay.rows
+            part = torch.empty((parts, n), dtype=torch.float32, device=x.device)
+        h.launch(grid, stream, x2.data_ptr(), w.data_ptr() if w is not None else 0, dy2.data_ptr(),
+                 rstd.data_ptr(), dx.data_ptr(), part.data_ptr() if part is not None else 0, m, xs, dys, n, grid)
+        if w is not None:
+            rvec = L.vector_width(n, 4, (), ())
+            r, rlay = L.handle("rmsnorm_dw_reduce", dev, n, "f32", wdt, BWD_KEY_EPS, True, False, rvec)
+            r.launch(-(-rlay.nchunk // rlay.tpr), stream, part.data_ptr(), dw.data_ptr(), parts)
+    return dx.view(x.shape), dw
+
+
+# ---------------------------------------------------------------------------- references
+
+
+def rmsnorm_ref(x: torch.Tensor, weight: torch.Tensor | None, eps: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """float64 reference: (y, rstd)."""
+    xd = x.double()
+    rstd = torch.rsqrt(xd.pow(2).mean(-1, keepdim=True) + eps)
+    y = xd * rstd
+    if weight is not None:
+        y = y * weight.double()
+    return y, rstd.squeeze(-1)
+
+
+def rmsnorm_bwd_ref(x, weight, dy, eps):
+    """float64 reference gradients (dx, dw) through autograd."""
+    xd = x.detach().double().requires_grad_(True)
+    wd = weight.detach().double().requires_grad_(True) if weight is not None else None
+    y, _ = rmsnorm_ref(xd, wd, eps)
+    grads = torch.autograd.grad(y, [xd] + ([wd] if wd is not None else []), dy.double())
+    return grads[0], (grads[1] if wd is not None else None)
+
+
+# ---------------------------------------------------------------------------- autograd + API
+
+
+class RMSNormFunction(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x, weight, eps):
+        need_grad = any(ctx.needs_input_grad[:2])
+        y, rstd = rmsnorm_fwd(x, weight, eps, store_rstd=need_grad)
+        if need_grad:
+            ctx.save_for_backward(x, weight, rstd)
+        return y
+
+    @staticmethod
+    def backward(ctx, dy):
+        x, weight, rstd = ctx.saved_tensors
+        dx, dw = rmsnorm_bwd(x, weight, dy, rstd)
+        return (dx if ctx.needs_input_grad[0] else None), (dw if ctx.needs_input_grad[1] else None), None
+
+
+def rmsnorm(x: torch.Tensor, weight: torch.Tensor | None = None, eps: float = 1e-6, *,
+            residual: torch.Tensor | None = None, prenorm: bool = False, out_dtype: torch.dtype | None = None,
+            residual_dtype: torch.dtype | None = None, weight_offset: float = 0.0) -> torch.Tensor:
+    """RMSNorm with autograd (quack's signature; the fused-residual arguments come later)."""
+    for name, value, default in (("residual", residual, None), ("prenorm", prenorm, False),
+                                 ("out_dtype", out_dtype, None), ("residual_dtype", residual_dtype, None),
+                                 ("weight_offset", weight_offset, 0.0)):
+        if value != default if not isinstance(value, torch.Tensor) else True:
+            raise NotImplementedError(f"rmsnorm({name}=...) is not supported yet; leave it at {default!r}")
+    return RMSNormFunction.apply(x, weight, eps)
+
+
+class RMSNorm(torch.nn.Module):
+    """Drop-in for torch.nn.RMSNorm over the last dimension."""
+
+    def __init__(self, hidden_size: int, eps: float = 1e-6, elementwise_affine: bool = True,
+                 device=None, dtype=None):
+        super().__init__()
+        self.eps = check_eps(eps)
+        self.weight = torch.nn.Parameter(torch.ones(hidden_size, device=device, dtype=dtype)) \
+            if elementwise_affine else None
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return rmsnorm(x, self.weight, self.eps)

@@ -1,0 +1,286 @@
+"""Kernel text -> specialized text: the options dataclass, the row layout policy, placeholder
+substitution and splicing of the shared pieces in mlir/common. Pure Python: no MLIR import."""
+
+from __future__ import annotations
+
+import hashlib
+import math
+import re
+import struct
+from dataclasses import dataclass, field, fields
+from functools import cache
+from importlib import resources
+from pathlib import Path
+
+from . import targets
+from .kernels import KERNELS
+
+DTYPES = {"bf16": 2, "f16": 2, "f32": 4}  # MLIR element type -> bytes
+MAX_N = 1 << 20
+MAX_VECTOR_BYTES = 16
+FLT_MIN = 1.1754943508222875e-38
+MAX_THREADS = 1024
+REDUCE_CT, REDUCE_RT = 8, 32
+ROWS_BLOCK = 256  # block size when several rows share a block
+
+_PLACEHOLDER = re.compile(r"\$\{([A-Z_][A-Z0-9_]*)\}")
+_SPLICE = re.compile(r"^[ \t]*// normir:splice (\S+)[ \t]*$", re.M)
+
+
+def f32(x: float) -> float:
+    """x rounded to float32, as the kernel will see it."""
+    return struct.unpack("f", struct.pack("f", x))[0]
+
+
+def mlir_f32(x: float) -> str:
+    return f"{f32(x):.9e}"
+
+
+@dataclass(frozen=True)
+class Layout:
+    """How threads cover rows; see each kernel's header comment."""
+
+    vec: int  # elements per vector access
+    tpr: int  # threads per row
+    rows: int  # rows per block
+    k: int  # chunks per thread
+    kfull: int  # chunks every thread has (the rest are masked)
+    nchunk: int  # chunks per row
+    cache_row: bool  # row kept in registers between passes
+    warp: int
+    prefetch_w: bool = False  # weight chunks loaded before the reduction (registers permitting)
+
+    @property
+    def block(self) -> int:
+        return self.tpr * self.rows
+
+    @property
+    def wpr(self) -> int:
+        return max(1, self.tpr // self.warp)
+
+    @property
+    def unroll_limit(self) -> int:
+        """Unroll the chunk loops fully only when the row lives in registers."""
+        return targets.UNROLL_LIMIT if self.cache_row else 0
+
+
+def _pow2_ceil(x: int) -> int:
+    return 1 << max(0, (x - 1).bit_length())
+
+
+def bwd_layout(n: int, vec: int, elem_bytes: int, tgt: targets.Target) -> Layout:
+    """The backward's row layout: about 16 elements per thread (8 in fp32). Register mode when
+    x, dy and the dw sums of a thread (as fp32) fit the target's register budget for the block;
+    longer rows take the streaming mode. w joins them when it fits too."""
+    warp = tgt.warp
+    nchunk = n // vec
+    k_target = max(1, (16 if elem_bytes == 2 else 8) // vec)
+    if nchunk <= warp * k_target:
+        tpr = min(warp, _pow2_ceil(math.ceil(nchunk / k_target)))
+        rows = max(1, ROWS_BLOCK // tpr)
+    else:
+        tpr = min(MAX_THREADS, -(-math.ceil(nchunk / k_target) // warp) * warp)
+        rows = 1
+    k = -(-nchunk // tpr)
+    budget = tgt.reg_budget_bytes(tpr * rows)
+    reg_mode = k * vec * 12 <= budget
+    prefetch_w = reg_mode and k * vec * 16 <= budget
+    return Layout(vec=vec, tpr=tpr, rows=rows, k=k, kfull=nchunk // tpr, nchunk=nchunk,
+                  cache_row=reg_mode, warp=warp, prefetch_w=prefetch_w)
+
+
+def reduce_layout(n: int, vec: int, warp: int) -> Layout:
+    """dw reduction: 8 column threads (16-byte fp32 vectors) x 32 row threads."""
+    return Layout(vec=vec, tpr=REDUCE_CT, rows=REDUCE_RT, k=1, kfull=1, nchunk=n // vec,
+                  cache_row=False, warp=warp)
+
+
+def row_layout(n: int, vec: int, elem_bytes: int, tgt: targets.Target) -> Layout:
+    """Pick threads per row and chunks per thread for a row of n elements.
+
+    Rows of at most 8 chunks per lane of one warp share a block (several rows per block, no
+    barrier in the reduction); longer rows get one block of up to 1024 threads with about 4
+    (8 for very long rows) 16-byte chunks per thread, enough loads in flight to cover latency.
+    The row stays in registers (as fp32, as the compiler keeps it) when it fits the target's
+    register budget for the block; else the second pass reads it again (mostly from L2).
+    """
+    warp = tgt.warp
+    nchunk = n // vec
+    if nchunk <= warp * 8:
+        tpr = min(warp, _pow2_ceil(math.ceil(nchunk / 4)))
+        rows = max(1, ROWS_BLOCK // tpr)
+    else:
+        k_target = 4 if nchunk <= 4096 else 8
+        tpr = min(MAX_THREADS, -(-math.ceil(nchunk / k_target) // warp) * warp)
+        rows = 1
+    k = -(-nchunk // tpr)
+    budget = tgt.reg_budget_bytes(tpr * rows)
+    cache_row = k * vec * 4 <= budget
+    return Layout(vec=vec, tpr=tpr, rows=rows, k=k, kfull=nchunk // tpr, nchunk=nchunk,
+                  cache_row=cache_row, warp=warp, prefetch_w=cache_row and k * vec * 8 <= budget)
+
+
+def max_vec(n: int, elem_bytes: int) -> int:
+    """The widest power-of-two vector (<= 16 bytes) that divides the row."""
+    v = MAX_VECTOR_BYTES // elem_bytes
+    while n % v:
+        v //= 2
+    return v
+
+
+@dataclass(frozen=True)
+class Options:
+    """Everything fixed at compile time for one kernel binary. Validates itself."""
+
+    kernel: str
+    n: int
+    dtype: str = "bf16"
+    wdtype: str = "bf16"
+    eps: float = 1e-6
+    target: str = "sm_90"
+    has_weight: bool = True
+    store_rstd: bool = False
+    vec: int = 0  # 0: the widest the row allows
+    atomic_dw: bool = False
+    layout: Layout = field(init=False, compare=False, repr=False)
+
+    def __post_init__(self) -> None:
+        if self.kernel not in KERNELS:
+            raise ValueError(f"kernel {self.kernel!r} is unknown; choose one of {sorted(KERNELS)}")
+        tgt = targets.get(self.target)
+        if not isinstance(self.n, int) or not 1 <= self.n <= MAX_N:
+            raise ValueError(f"n={self.n!r} is out of range: normir supports 1 <= N <= {MAX_N}")
+        for name in ("dtype", "wdtype"):
+            if getattr(self, name) not in DTYPES:
+                raise ValueError(f"{name}={getattr(self, name)!r}: choose one of {sorted(DTYPES)}")
+        eps = float(self.eps)
+        if not (math.isfinite(eps) and eps >= FLT_MIN and math.isfinite(f32(eps))):
+            raise ValueError(f"eps={self.eps!r} must be a finite float32 >= {FLT_MIN:g} (e.g. 1e-6)")
+        object.__setattr__(self, "eps", f32(eps))
+        widest = max_vec(self.n, DTYPES[self.dtype])
+        vec = self.vec or widest
+        if vec & (vec - 1) or vec > widest:
+            raise ValueError(f"vec={self.vec} must be a power of two dividing N, at most {widest}")
+        object.__setattr__(self, "vec", vec)
+        spec = KERNELS[self.kernel]
+        object.__setattr__(self, "layout", spec.layout(self, tgt))
+
+    def key_string(self) -> str:
+        """Stable text of the fields (Python's hash() is salted per process)."""
+        return ";".join(f"{f.name}={getattr(self, f.name)!r}" for f in fields(self) if f.compare)
+
+    def digest(self) -> str:
+        return hashlib.sha256(self.key_string().encode()).hexdigest()
+
+
+def _cast(src: str, dst: str) -> str:
+    if src == dst:
+        return "arith.bitcast"
+    return "arith.extf" if DTYPES[dst] > DTYPES[src] else "arith.truncf"
+
+
+def common_values(opts: Options) -> dict[str, str]:
+    """Placeholders every kernel shares: types, constants, layout, target spellings."""
+    tgt = targets.get(opts.target)
+    lay = opts.layout
+    eb, wb = DTYPES[opts.dtype], DTYPES[opts.wdtype]
+    return {
+        "TARGET": tgt.target_attr,
+        "RSQRT_PIECE": tgt.rsqrt_piece,
+        "ATOMIC_PIECE": tgt.atomic_piece,
+        "WARP": str(tgt.warp),
+        "N": str(opts.n),
+        "T": opts.dtype,
+        "WT": opts.wdtype,
+        "EPS": mlir_f32(opts.eps),
+        "INV_N": mlir_f32(1.0 / opts.n),
+        "V": str(lay.vec),
+        "ALIGN": str(lay.vec * eb),
+        "W_ALIGN": str(min(MAX_VECTOR_BYTES, lay.vec * wb)),
+        "PART_ALIGN": str(min(MAX_VECTOR_BYTES, lay.vec * 4)),
+        "REG_MODE": _bool(lay.cache_row),
+        "BLOCK": str(lay.block),
+        "ROWS": str(lay.rows),
+        "TPR": str(lay.tpr),
+        "WPR": str(lay.wpr),
+        "MULTI_WARP": _bool(lay.tpr > lay.warp),
+        "SHUFFLE_STEPS": str(int(math.log2(min(lay.tpr, lay.warp)))),
+        "K": str(lay.k),
+        "KFULL": str(lay.kfull),
+        "NCHUNK": str(lay.nchunk),
+        "CACHE_ROW": _bool(lay.cache_row),
+        "PREFETCH_W": _bool(lay.prefetch_w and opts.has_weight),
+        "HAS_WEIGHT": _bool(opts.has_weight),
+        "STORE_RSTD": _bool(opts.store_rstd),
+        "ATOMIC_DW": _bool(opts.atomic_dw),
+        "EXT_T": _cast(opts.dtype, "f32"),
+        "EXT_WT": _cast(opts.wdtype, "f32"),
+        "TRUNC_T": _cast("f32", opts.dtype),
+        "TRUNC_WT": _cast("f32", opts.wdtype),
+    }
+
+
+def _bool(b: bool) -> str:
+    return "true" if b else "false"
+
+
+def mlir_root() -> Path:
+    """The kernel sources: the installed package data, or mlir/ of a source checkout."""
+    return Path(str(resources.files("normir.mlir")))
+
+
+@cache
+def _read(rel: str) -> str:
+    path = mlir_root() / rel
+    if not path.is_file():
+        raise FileNotFoundError(f"kernel source {rel!r} not found under {mlir_root()}")
+    return path.read_text()
+
+
+class SpecializationError(ValueError):
+    pass
+
+
+def substitute(text: str, values: dict[str, str], *, origin: str = "<text>",
+               splice: bool = True, strict_unused: bool = True) -> str:
+    """Fill ${NAME} placeholders and splice `// normir:splice FILE` lines (FILE may use placeholders).
+
+    A placeholder without a value, or a value no placeholder uses, is an error: both are typos.
+    """
+    used: set[str] = set()
+
+    def fill(s: str, where: str) -> str:
+        def one(m: re.Match[str]) -> str:
+            name = m.group(1)
+            if name not in values:
+                line = s.count("\n", 0, m.start()) + 1
+                raise SpecializationError(
+                    f"{where}:{line}: placeholder ${{{name}}} has no value; "
+                    f"known: {', '.join(sorted(values))}")
+            used.add(name)
+            return values[name]
+        return _PLACEHOLDER.sub(one, s)
+
+    def expand(s: str, where: str, depth: int = 0) -> str:
+        if depth > 4:
+            raise SpecializationError(f"{where}: splices nest too deep")
+        if not splice:
+            return fill(s, where)
+
+        def piece(m: re.Match[str]) -> str:
+            rel = fill(m.group(1), where)
+            return expand(_read(rel), rel, depth + 1)
+        return fill(_SPLICE.sub(piece, s), where)
+
+    out = expand(text, origin)
+    unused = set(values) - used
+    if strict_unused and unused:
+        raise SpecializationError(f"{origin}: values given but never used: {sorted(unused)}")
+    return out
+
+
+def specialize(opts: Options) -> str:
+    """The kernel text with every placeholder filled and every common piece spliced."""
+    spec = KERNELS[opts.kernel]
+    values = {**common_values(opts), **spec.extra_values(opts)}
+    return substitute(_read(spec.template), values, origin=spec.template, strict_unused=False)

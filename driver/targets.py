@@ -1,0 +1,135 @@
+"""Per-target tables: the chip, its target attribute, conversion pass, warp size, binary formats.
+
+One entry per chip; kernels stay vendor-neutral and take target spellings from here.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+from dataclasses import dataclass
+
+from . import env
+
+# Chunk loops up to this trip count are unrolled in MLIR (kernels that keep the row in registers).
+UNROLL_LIMIT = 64
+
+
+@dataclass(frozen=True)
+class Target:
+    chip: str
+    vendor: str  # "nvidia" | "amd"
+    warp: int
+    regs_per_sm: int  # 32-bit registers one multiprocessor / CU holds
+    max_regs: int  # per thread
+    target_attr: str
+    convert_pass: str
+    rsqrt_piece: str  # common piece spliced for rsqrt
+    atomic_piece: str  # common piece: vector of fp32 atomic adds
+    binary_formats: tuple[str, ...]  # runtime preference order: loadable formats
+    isa_suffix: str
+    bin_suffix: str
+
+    def reg_budget_bytes(self, block: int) -> int:
+        """Bytes of row data (as fp32) a thread may keep in registers, leaving room for
+        addresses and temporaries, so that one block still fits a multiprocessor unspilled."""
+        regs = min(self.max_regs // 2, self.regs_per_sm // block)
+        return 4 * max(0, regs - 28)
+
+    @property
+    def is_nvidia(self) -> bool:
+        return self.vendor == "nvidia"
+
+    def stages(self, fmt: str, unroll_limit: int = UNROLL_LIMIT) -> dict[str, str]:
+        """Ordered, named pass pipelines from the verified input to the binary.
+
+        unroll_limit: affine loops with at most this many trips are unrolled fully (0: none, for
+        kernels that stream a long row instead of keeping it in registers).
+        """
+        unroll = f"affine-loop-unroll{{unroll-factor=-1 unroll-full-threshold={unroll_limit}}}"
+        return {
+            # Unroll the constant-trip chunk loops in MLIR, not LLVM: the row must stay in
+            # registers, and AMDGPU's promote-alloca turns a not-yet-unrolled private array into
+            # a vector indexed through select chains before LLVM's own unroller runs.
+            "unroll": f"builtin.module(gpu.module(gpu.func({unroll}), func.func({unroll})), "
+            "lower-affine, canonicalize, cse)",
+            "llvm": f"builtin.module(gpu.module(convert-scf-to-cf, {self.convert_pass}), "
+            "reconcile-unrealized-casts)",
+            fmt: f"builtin.module(gpu-module-to-binary{{format={fmt}{self._toolkit_option(fmt)}}})",
+        }
+
+    def _toolkit_option(self, fmt: str) -> str:
+        if self.vendor == "amd" and fmt == "bin":
+            return f" toolkit={rocm_toolkit()}"
+        return ""
+
+    def default_format(self) -> str:
+        """The binary a compile produces by default: cubin/hsaco where the tools exist, else ISA."""
+        if self.vendor == "nvidia":
+            return "bin" if ptxas_path() else "isa"
+        return "bin"
+
+
+def _nv(chip: str, ptx: str) -> Target:
+    return Target(
+        chip=chip, vendor="nvidia", warp=32, regs_per_sm=65536, max_regs=255,
+        target_attr=f'#nvvm.target<chip = "{chip}", features = "+{ptx}", O = 3>',
+        convert_pass="convert-gpu-to-nvvm{use-bare-ptr-memref-call-conv=1}",
+        rsqrt_piece="common/rsqrt_nvvm.mlir", atomic_piece="common/atomic_add_nvvm.mlir",
+        binary_formats=("bin", "isa"), isa_suffix=".ptx", bin_suffix=".cubin",
+    )
+
+
+def _amd(chip: str) -> Target:
+    return Target(
+        chip=chip, vendor="amd", warp=64, regs_per_sm=131072, max_regs=256,
+        target_attr=f'#rocdl.target<chip = "{chip}", O = 3>',
+        convert_pass=f"convert-gpu-to-rocdl{{chipset={chip} use-bare-ptr-memref-call-conv=1}}",
+        rsqrt_piece="common/rsqrt_rocdl.mlir", atomic_piece="common/atomic_add_rocdl.mlir",
+        binary_formats=("bin",), isa_suffix=".s", bin_suffix=".hsaco",
+    )
+
+
+TARGETS: dict[str, Target] = {
+    t.chip: t
+    for t in (_nv("sm_90", "ptx80"), _nv("sm_80", "ptx70"), _nv("sm_100", "ptx86"), _amd("gfx950"), _amd("gfx942"))
+}
+# The two targets every kernel is checked on in CI.
+PRIMARY = ("sm_90", "gfx950")
+
+
+def get(chip: str) -> Target:
+    try:
+        return TARGETS[chip]
+    except KeyError:
+        raise ValueError(f"target {chip!r} is not supported; choose one of {sorted(TARGETS)}") from None
+
+
+def ptxas_path() -> str | None:
+    return env.PTXAS.get() or shutil.which("ptxas")
+
+
+_LLD_CANDIDATES = ("/usr/lib/llvm-22/bin/ld.lld", "/usr/lib/llvm-21/bin/ld.lld", "/usr/lib/llvm-20/bin/ld.lld")
+
+
+def rocm_toolkit() -> str:
+    """A folder holding llvm/bin/ld.lld, as gpu-module-to-binary wants for hsaco."""
+    for var in (env.ROCM_PATH.get(), os.environ.get("ROCM_PATH", ""), "/opt/rocm"):
+        if var and os.path.exists(os.path.join(var, "llvm", "bin", "ld.lld")):
+            return var
+    for lld in _LLD_CANDIDATES:
+        if os.path.exists(lld):
+            # Debian's lld lives in /usr/lib/llvm-N/bin; its parent's parent/llvm/bin does not
+            # exist, so make a tiny toolkit folder with a link to it.
+            kit = os.path.join(env.CACHE_DIR.get(), "rocm-toolkit")
+            link = os.path.join(kit, "llvm", "bin", "ld.lld")
+            if not os.path.exists(link):
+                os.makedirs(os.path.dirname(link), exist_ok=True)
+                tmp = f"{link}.{os.getpid()}"
+                os.symlink(lld, tmp)
+                os.replace(tmp, link)
+            return kit
+    raise RuntimeError(
+        "no ld.lld found to link gfx hsaco: install one with `bash scripts/setup.sh` "
+        "(Debian lld-22) or point NORMIR_ROCM_PATH at a ROCm folder that has llvm/bin/ld.lld"
+    )

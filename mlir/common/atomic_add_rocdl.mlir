@@ -1,0 +1,18 @@
+  // normir common piece: dst[col + i] += v[i] with fp32 atomics at device scope (ROCDL: agent scope,
+  // coarse-grained memory, so that it becomes global_atomic_add_f32 rather than a CAS loop)..
+  // memref.atomic_rmw would be system scope; llvm.atomicrmw is the native atomic.
+  func.func private @normir_atomic_add_vec(%dst: memref<${N}xf32>, %col: index, %v: vector<${V}xf32>)
+      attributes {llvm.linkage = #llvm.linkage<internal>} {
+    %c4 = arith.constant 4 : index
+    %base = memref.extract_aligned_pointer_as_index %dst : memref<${N}xf32> -> index
+    affine.for %i = 0 to ${V} {
+      %e = vector.extract %v[%i] : f32 from vector<${V}xf32>
+      %idx = arith.addi %col, %i : index
+      %off = arith.muli %idx, %c4 : index
+      %addr = arith.addi %base, %off : index
+      %addr_i64 = arith.index_cast %addr : index to i64
+      %p = llvm.inttoptr %addr_i64 : i64 to !llvm.ptr<1>
+      %old = llvm.atomicrmw fadd %p, %e syncscope("agent") monotonic {rocdl.no_fine_grained_memory, rocdl.no_remote_memory} : !llvm.ptr<1>, f32
+    }
+    return
+  }

@@ -1,0 +1,254 @@
+// RMSNorm backward (dx, and per-block partial sums of dw).
+//   x_hat = x * rstd,  wdy = dy * w,  c1 = mean_j(x_hat * wdy)       (fp32)
+//   dx    = (wdy - x_hat * c1) * rstd                                  (x's dtype)
+//   dw_part[b * ROWS + slot, j] = sum over the rows that block b's slot handled of dy * x_hat
+// The grid is persistent: block b takes row groups b, b + grid, ... so each block writes one fp32
+// partial row per slot at the end; rmsnorm_dw_reduce.mlir sums the partial rows in a fixed order
+// (dw is bit-identical from run to run). With ATOMIC_DW the block instead adds its sums into a
+// zeroed fp32 row with fp32 atomics (order varies: not bit-reproducible), for comparison.
+//
+// Thread layout as in rmsnorm_fwd.mlir: ${ROWS} rows per block of ${BLOCK} threads, ${TPR} threads
+// per row, ${K} chunks of ${V} elements per thread (chunk k*TPR + lane), the last one masked.
+// REG_MODE: x and dy stay in registers between the two passes, w is loaded once per block, and
+// the dw sums live in registers. Otherwise (rows too long) the second pass reads x and dy again
+// (from L2) and the dw sums accumulate in the block's own partial row in global memory.
+//
+// Placeholders: those of rmsnorm_fwd.mlir, plus REG_MODE, PREFETCH_W (w kept in registers), ATOMIC_DW, PART_ALIGN, TRUNC_T, and the atomic-add
+// piece of the target (ATOMIC_PIECE). Arguments: x, w, dy, rstd, dx, dw_part (fp32), rows, the
+// row strides of x, dy and dx (elements), and the grid size.
+module attributes {gpu.container_module} {
+gpu.module @normir [${TARGET}] {
+// normir:splice common/row_sum.mlir
+// normir:splice ${ATOMIC_PIECE}
+
+  gpu.func @rmsnorm_bwd(%x_arg: memref<${N}x${T}> {llvm.noalias, llvm.readonly},
+                        %w_arg: memref<${N}x${WT}> {llvm.noalias, llvm.readonly},
+                        %dy_arg: memref<${N}x${T}> {llvm.noalias, llvm.readonly},
+                        %rstd_arg: memref<1xf32> {llvm.noalias, llvm.readonly},
+                        %dx_arg: memref<${N}x${T}> {llvm.noalias, llvm.writeonly},
+                        %dw_arg: memref<${N}xf32> {llvm.noalias},
+                        %rows: index, %x_stride: index, %dy_stride: index, %dx_stride: index,
+                        %grid: index)
+      workgroup(%red: memref<${WPR}xf32, #gpu.address_space<workgroup>>)
+      private(%xbuf: memref<${K}x${V}x${T}, #gpu.address_space<private>>,
+              %dybuf: memref<${K}x${V}x${T}, #gpu.address_space<private>>,
+              %wbuf: memref<${K}x${V}xf32, #gpu.address_space<private>>,
+              %dwbuf: memref<${K}x${V}xf32, #gpu.address_space<private>>)
+      kernel attributes {known_block_size = array<i32: ${BLOCK}, 1, 1>} {
+    %c0 = arith.constant 0 : index
+    %c1 = arith.constant 1 : index
+    %tpr = arith.constant ${TPR} : index
+    %vw = arith.constant ${V} : index
+    %k_full = arith.constant ${KFULL} : index
+    %nchunk = arith.constant ${NCHUNK} : index
+    %rows_per_block = arith.constant ${ROWS} : index
+    %has_weight = arith.constant ${HAS_WEIGHT}
+    %reg_mode = arith.constant ${REG_MODE}
+    %w_regs = arith.constant ${PREFETCH_W}
+    %atomic_dw = arith.constant ${ATOMIC_DW}
+    %inv_n = arith.constant ${INV_N} : f32
+    %zero_v = arith.constant dense<0.0> : vector<${V}xf32>
+    %one_v = arith.constant dense<1.0> : vector<${V}xf32>
+    %zero_t = arith.constant dense<0.0> : vector<${V}x${T}>
+
+    %tid = gpu.thread_id x
+    %bid = gpu.block_id x
+    %slot = arith.divui %tid, %tpr : index
+    %lane = arith.remui %tid, %tpr : index
+    %x = memref.reinterpret_cast %x_arg to offset: [0], sizes: [%rows, ${N}], strides: [%x_stride, 1]
+        : memref<${N}x${T}> to memref<?x${N}x${T}, strided<[?, 1]>>
+    %dy = memref.reinterpret_cast %dy_arg to offset: [0], sizes: [%rows, ${N}], strides: [%dy_stride, 1]
+        : memref<${N}x${T}> to memref<?x${N}x${T}, strided<[?, 1]>>
+    %dx = memref.reinterpret_cast %dx_arg to offset: [0], sizes: [%rows, ${N}], strides: [%dx_stride, 1]
+        : memref<${N}x${T}> to memref<?x${N}x${T}, strided<[?, 1]>>
+    %rstd_all = memref.reinterpret_cast %rstd_arg to offset: [0], sizes: [%rows], strides: [1]
+        : memref<1xf32> to memref<?xf32>
+    // This slot's partial dw row: dw_part[bid * ROWS + slot, :].
+    %part_rows = arith.muli %grid, %rows_per_block : index
+    %dw_part = memref.reinterpret_cast %dw_arg to offset: [0], sizes: [%part_rows, ${N}], strides: [${N}, 1]
+        : memref<${N}xf32> to memref<?x${N}xf32, strided<[${N}, 1]>>
+    %part_base = arith.muli %bid, %rows_per_block : index
+    %part_row = arith.addi %part_base, %slot : index
+
+    // w (fp32) and zeroed dw sums, once per block.
+    affine.for %k = 0 to ${K} {
+      %ck = arith.muli %k, %tpr : index
+      %chunk = arith.addi %ck, %lane : index
+      %col = arith.muli %chunk, %vw : index
+      %always = arith.cmpi ult, %k, %k_full : index
+      %in_row = arith.cmpi ult, %chunk, %nchunk : index
+      %live = arith.ori %always, %in_row : i1
+      scf.if %w_regs {
+        %wf = func.call @normir_bwd_weight(%w_arg, %col, %live, %has_weight)
+            : (memref<${N}x${WT}>, index, i1, i1) -> vector<${V}xf32>
+        vector.store %wf, %wbuf[%k, %c0] : memref<${K}x${V}xf32, #gpu.address_space<private>>, vector<${V}xf32>
+      }
+      scf.if %reg_mode {
+        vector.store %zero_v, %dwbuf[%k, %c0] : memref<${K}x${V}xf32, #gpu.address_space<private>>, vector<${V}xf32>
+      }
+    }
+
+    %groups_m1 = arith.addi %rows, %rows_per_block : index
+    %groups_m2 = arith.subi %groups_m1, %c1 : index
+    %groups = arith.divui %groups_m2, %rows_per_block : index
+    scf.for %g = %bid to %groups step %grid {
+      %first_iter = arith.cmpi eq, %g, %bid : index
+      %g_base = arith.muli %g, %rows_per_block : index
+      %row = arith.addi %g_base, %slot : index
+      %row_valid = arith.cmpi ult, %row, %rows : index
+      // Invalid rows (the last group's spare slots) contribute zeros but still take part, so
+      // the block's barriers stay uniform and stream mode's partial row is always initialized.
+      %rstd = scf.if %row_valid -> (f32) {
+        %r = memref.load %rstd_all[%row] : memref<?xf32>
+        scf.yield %r : f32
+      } else {
+        %z = arith.constant 0.0 : f32
+        scf.yield %z : f32
+      }
+      %rstd_v = vector.broadcast %rstd : f32 to vector<${V}xf32>
+
+      // Pass 1: dot = sum_j x_hat * wdy, lane-wise in fp32.
+      %dot_vec = affine.for %k = 0 to ${K} iter_args(%acc = %zero_v) -> (vector<${V}xf32>) {
+        %ck = arith.muli %k, %tpr : index
+        %chunk = arith.addi %ck, %lane : index
+        %col = arith.muli %chunk, %vw : index
+        %always = arith.cmpi ult, %k, %k_full : index
+        %in_row = arith.cmpi ult, %chunk, %nchunk : index
+        %live_col = arith.ori %always, %in_row : i1
+        %live = arith.andi %live_col, %row_valid : i1
+        %xv, %dyv = scf.if %live -> (vector<${V}x${T}>, vector<${V}x${T}>) {
+          %a = vector.load %x[%row, %col] {alignment = ${ALIGN}} : memref<?x${N}x${T}, strided<[?, 1]>>, vector<${V}x${T}>
+          %b = vector.load %dy[%row, %col] {alignment = ${ALIGN}} : memref<?x${N}x${T}, strided<[?, 1]>>, vector<${V}x${T}>
+          scf.yield %a, %b : vector<${V}x${T}>, vector<${V}x${T}>
+        } else {
+          scf.yield %zero_t, %zero_t : vector<${V}x${T}>, vector<${V}x${T}>
+        }
+        scf.if %reg_mode {
+          vector.store %xv, %xbuf[%k, %c0] : memref<${K}x${V}x${T}, #gpu.address_space<private>>, vector<${V}x${T}>
+          vector.store %dyv, %dybuf[%k, %c0] : memref<${K}x${V}x${T}, #gpu.address_space<private>>, vector<${V}x${T}>
+        }
+        %wf = scf.if %w_regs -> (vector<${V}xf32>) {
+          %w = vector.load %wbuf[%k, %c0] : memref<${K}x${V}xf32, #gpu.address_space<private>>, vector<${V}xf32>
+          scf.yield %w : vector<${V}xf32>
+        } else {
+          %w = func.call @normir_bwd_weight(%w_arg, %col, %live_col, %has_weight)
+              : (memref<${N}x${WT}>, index, i1, i1) -> vector<${V}xf32>
+          scf.yield %w : vector<${V}xf32>
+        }
+        %xf = ${EXT_T} %xv : vector<${V}x${T}> to vector<${V}xf32>
+        %dyf = ${EXT_T} %dyv : vector<${V}x${T}> to vector<${V}xf32>
+        %x_hat = arith.mulf %xf, %rstd_v : vector<${V}xf32>
+        %wdy = arith.mulf %dyf, %wf : vector<${V}xf32>
+        %acc_next = vector.fma %x_hat, %wdy, %acc : vector<${V}xf32>
+        affine.yield %acc_next : vector<${V}xf32>
+      }
+      %dot_thread = vector.reduction <add>, %dot_vec : vector<${V}xf32> into f32
+      %dot = func.call @normir_row_sum(%dot_thread, %tid, %red)
+          : (f32, index, memref<${WPR}xf32, #gpu.address_space<workgroup>>) -> f32
+      %c1_s = arith.mulf %dot, %inv_n : f32
+      %c1_v = vector.broadcast %c1_s : f32 to vector<${V}xf32>
+
+      // Pass 2: dx, and dw += dy * x_hat.
+      affine.for %k = 0 to ${K} {
+        %ck = arith.muli %k, %tpr : index
+        %chunk = arith.addi %ck, %lane : index
+        %col = arith.muli %chunk, %vw : index
+        %always = arith.cmpi ult, %k, %k_full : index
+        %in_row = arith.cmpi ult, %chunk, %nchunk : index
+        %live_col = arith.ori %always, %in_row : i1
+        %live = arith.andi %live_col, %row_valid : i1
+        %xv, %dyv = scf.if %reg_mode -> (vector<${V}x${T}>, vector<${V}x${T}>) {
+          %a = vector.load %xbuf[%k, %c0] : memref<${K}x${V}x${T}, #gpu.address_space<private>>, vector<${V}x${T}>
+          %b = vector.load %dybuf[%k, %c0] : memref<${K}x${V}x${T}, #gpu.address_space<private>>, vector<${V}x${T}>
+          scf.yield %a, %b : vector<${V}x${T}>, vector<${V}x${T}>
+        } else {
+          %a, %b = scf.if %live -> (vector<${V}x${T}>, vector<${V}x${T}>) {
+            %a1 = vector.load %x[%row, %col] {alignment = ${ALIGN}} : memref<?x${N}x${T}, strided<[?, 1]>>, vector<${V}x${T}>
+            %b1 = vector.load %dy[%row, %col] {alignment = ${ALIGN}} : memref<?x${N}x${T}, strided<[?, 1]>>, vector<${V}x${T}>
+            scf.yield %a1, %b1 : vector<${V}x${T}>, vector<${V}x${T}>
+          } else {
+            scf.yield %zero_t, %zero_t : vector<${V}x${T}>, vector<${V}x${T}>
+          }
+          scf.yield %a, %b : vector<${V}x${T}>, vector<${V}x${T}>
+        }
+        %wf = scf.if %w_regs -> (vector<${V}xf32>) {
+          %w = vector.load %wbuf[%k, %c0] : memref<${K}x${V}xf32, #gpu.address_space<private>>, vector<${V}xf32>
+          scf.yield %w : vector<${V}xf32>
+        } else {
+          %w = func.call @normir_bwd_weight(%w_arg, %col, %live_col, %has_weight)
+              : (memref<${N}x${WT}>, index, i1, i1) -> vector<${V}xf32>
+          scf.yield %w : vector<${V}xf32>
+        }
+        %xf = ${EXT_T} %xv : vector<${V}x${T}> to vector<${V}xf32>
+        %dyf = ${EXT_T} %dyv : vector<${V}x${T}> to vector<${V}xf32>
+        %x_hat = arith.mulf %xf, %rstd_v : vector<${V}xf32>
+        %wdy = arith.mulf %dyf, %wf : vector<${V}xf32>
+        %corr = arith.mulf %x_hat, %c1_v : vector<${V}xf32>
+        %diff = arith.subf %wdy, %corr : vector<${V}xf32>
+        %dxf = arith.mulf %diff, %rstd_v : vector<${V}xf32>
+        scf.if %live {
+          %dxv = ${TRUNC_T} %dxf : vector<${V}xf32> to vector<${V}x${T}>
+          vector.store %dxv, %dx[%row, %col] {alignment = ${ALIGN}} : memref<?x${N}x${T}, strided<[?, 1]>>, vector<${V}x${T}>
+        }
+        scf.if %has_weight {
+          scf.if %reg_mode {
+            %s = vector.load %dwbuf[%k, %c0] : memref<${K}x${V}xf32, #gpu.address_space<private>>, vector<${V}xf32>
+            %s2 = vector.fma %dyf, %x_hat, %s : vector<${V}xf32>
+            vector.store %s2, %dwbuf[%k, %c0] : memref<${K}x${V}xf32, #gpu.address_space<private>>, vector<${V}xf32>
+          } else {
+            // Stream mode: the slot owns its partial row; the first group initializes it.
+            scf.if %live_col {
+              %old = scf.if %first_iter -> (vector<${V}xf32>) {
+                scf.yield %zero_v : vector<${V}xf32>
+              } else {
+                %o = vector.load %dw_part[%part_row, %col] {alignment = ${PART_ALIGN}} : memref<?x${N}xf32, strided<[${N}, 1]>>, vector<${V}xf32>
+                scf.yield %o : vector<${V}xf32>
+              }
+              %s2 = vector.fma %dyf, %x_hat, %old : vector<${V}xf32>
+              vector.store %s2, %dw_part[%part_row, %col] {alignment = ${PART_ALIGN}} : memref<?x${N}xf32, strided<[${N}, 1]>>, vector<${V}xf32>
+            }
+          }
+        }
+      }
+    }
+
+    // Register-mode dw sums leave the block: one partial row per slot, or fp32 atomics.
+    %flush = arith.andi %has_weight, %reg_mode : i1
+    scf.if %flush {
+      affine.for %k = 0 to ${K} {
+        %ck = arith.muli %k, %tpr : index
+        %chunk = arith.addi %ck, %lane : index
+        %col = arith.muli %chunk, %vw : index
+        %always = arith.cmpi ult, %k, %k_full : index
+        %in_row = arith.cmpi ult, %chunk, %nchunk : index
+        %live_col = arith.ori %always, %in_row : i1
+        scf.if %live_col {
+          %s = vector.load %dwbuf[%k, %c0] : memref<${K}x${V}xf32, #gpu.address_space<private>>, vector<${V}xf32>
+          scf.if %atomic_dw {
+            func.call @normir_atomic_add_vec(%dw_arg, %col, %s) : (memref<${N}xf32>, index, vector<${V}xf32>) -> ()
+          } else {
+            vector.store %s, %dw_part[%part_row, %col] {alignment = ${PART_ALIGN}} : memref<?x${N}xf32, strided<[${N}, 1]>>, vector<${V}xf32>
+          }
+        }
+      }
+    }
+    gpu.return
+  }
+
+  // w[col : col + V] in fp32 from memory; ones where there is no weight or the chunk is past
+  // the row end. (With PREFETCH_W the kernel reads its register copy instead.)
+  func.func private @normir_bwd_weight(%w_arg: memref<${N}x${WT}>, %col: index, %live: i1, %has_weight: i1)
+      -> vector<${V}xf32> attributes {llvm.linkage = #llvm.linkage<internal>} {
+    %one_v = arith.constant dense<1.0> : vector<${V}xf32>
+    %load = arith.andi %live, %has_weight : i1
+    %wf = scf.if %load -> (vector<${V}xf32>) {
+      %wv = vector.load %w_arg[%col] {alignment = ${W_ALIGN}} : memref<${N}x${WT}>, vector<${V}x${WT}>
+      %wvf = ${EXT_WT} %wv : vector<${V}x${WT}> to vector<${V}xf32>
+      scf.yield %wvf : vector<${V}xf32>
+    } else {
+      scf.yield %one_v : vector<${V}xf32>
+    }
+    return %wf : vector<${V}xf32>
+  }
+}
+}

@@ -1,0 +1,57 @@
+// dw reduction: dw[j] = sum_p dw_part[p, j], in a fixed order, cast to the weight's dtype.
+// Block of ${BLOCK} threads = ${CT} column threads x ${RT} row threads; a column thread owns ${V}
+// consecutive columns (one 16-byte fp32 access); row thread r sums partial rows r, r + RT, ...
+// then row thread 0 adds the RT sums in order 0..RT-1. The order depends only on the number of
+// partial rows, so the result is bit-identical from run to run (unlike atomics).
+// Placeholders: N, WT, V, CT, RT, BLOCK, NCHUNK, TRUNC_WT, TARGET.
+// Arguments: dw_part (fp32, parts x N), dw (WT, N), number of partial rows.
+module attributes {gpu.container_module} {
+gpu.module @normir [${TARGET}] {
+  gpu.func @rmsnorm_dw_reduce(%part_arg: memref<${N}xf32> {llvm.noalias, llvm.readonly},
+                              %dw_arg: memref<${N}x${WT}> {llvm.noalias, llvm.writeonly},
+                              %parts: index)
+      workgroup(%sums: memref<${RT}x${CT}x${V}xf32, #gpu.address_space<workgroup>>)
+      kernel attributes {known_block_size = array<i32: ${BLOCK}, 1, 1>} {
+    %c0 = arith.constant 0 : index
+    %ct = arith.constant ${CT} : index
+    %rt = arith.constant ${RT} : index
+    %vw = arith.constant ${V} : index
+    %nchunk = arith.constant ${NCHUNK} : index
+    %zero_v = arith.constant dense<0.0> : vector<${V}xf32>
+    %tid = gpu.thread_id x
+    %bid = gpu.block_id x
+    %cthread = arith.remui %tid, %ct : index
+    %rthread = arith.divui %tid, %ct : index
+    %first_chunk = arith.muli %bid, %ct : index
+    %chunk = arith.addi %first_chunk, %cthread : index
+    %col = arith.muli %chunk, %vw : index
+    %live = arith.cmpi ult, %chunk, %nchunk : index
+    %part = memref.reinterpret_cast %part_arg to offset: [0], sizes: [%parts, ${N}], strides: [${N}, 1]
+        : memref<${N}xf32> to memref<?x${N}xf32, strided<[${N}, 1]>>
+    %sum = scf.if %live -> (vector<${V}xf32>) {
+      %s = scf.for %p = %rthread to %parts step %rt iter_args(%acc = %zero_v) -> (vector<${V}xf32>) {
+        %v = vector.load %part[%p, %col] {alignment = ${PART_ALIGN}} : memref<?x${N}xf32, strided<[${N}, 1]>>, vector<${V}xf32>
+        %a = arith.addf %acc, %v : vector<${V}xf32>
+        scf.yield %a : vector<${V}xf32>
+      }
+      scf.yield %s : vector<${V}xf32>
+    } else {
+      scf.yield %zero_v : vector<${V}xf32>
+    }
+    vector.store %sum, %sums[%rthread, %cthread, %c0] : memref<${RT}x${CT}x${V}xf32, #gpu.address_space<workgroup>>, vector<${V}xf32>
+    gpu.barrier
+    %is_first = arith.cmpi eq, %rthread, %c0 : index
+    %write = arith.andi %is_first, %live : i1
+    scf.if %write {
+      %total = affine.for %r = 0 to ${RT} iter_args(%acc = %zero_v) -> (vector<${V}xf32>) {
+        %v = vector.load %sums[%r, %cthread, %c0] : memref<${RT}x${CT}x${V}xf32, #gpu.address_space<workgroup>>, vector<${V}xf32>
+        %a = arith.addf %acc, %v : vector<${V}xf32>
+        affine.yield %a : vector<${V}xf32>
+      }
+      %out = ${TRUNC_WT} %total : vector<${V}xf32> to vector<${V}x${WT}>
+      vector.store %out, %dw_arg[%col] : memref<${N}x${WT}>, vector<${V}x${WT}>
+    }
+    gpu.return
+  }
+}
+}

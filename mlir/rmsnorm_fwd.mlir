@@ -1,0 +1,144 @@
+// RMSNorm forward.
+//   rstd[r] = 1 / sqrt(mean_j(x[r, j]^2) + eps)          (fp32 accumulation)
+//   y[r, j] = x[r, j] * rstd[r] * w[j]                   (w omitted when HAS_WEIGHT is false)
+//
+// Thread layout: a block of ${BLOCK} threads holds ${ROWS} rows; each row is ${TPR} consecutive
+// threads. A row is cut into ${NCHUNK} chunks of ${V} elements (one vector access each, ${ALIGN}
+// bytes); thread `lane` of a row owns chunks k * TPR + lane for k < ${K}. Chunks k < ${KFULL} exist
+// for every lane; the last k may fall past the row end and is masked. With CACHE_ROW the chunks
+// stay in a private array (registers after unrolling) between the two passes: x is read once.
+// Without it (rows too long for registers) the second pass reads x again, mostly from L2.
+//
+// Placeholders: N, T (x/y type), WT (weight type), EPS, V, ALIGN, BLOCK, ROWS, TPR, K, KFULL,
+// NCHUNK, HAS_WEIGHT, STORE_RSTD, CACHE_ROW, PREFETCH_W (weight chunks loaded in pass 1), EXT_T/EXT_WT (cast to f32), TRUNC_T (cast from f32),
+// TARGET (gpu.module target attribute), and those of the spliced common pieces.
+// Arguments: x, w, y (bare pointers), rstd (fp32 per row), rows, row strides of x and y (elements).
+module attributes {gpu.container_module} {
+gpu.module @normir [${TARGET}] {
+// normir:splice common/row_sum.mlir
+// normir:splice ${RSQRT_PIECE}
+
+  gpu.func @rmsnorm_fwd(%x_arg: memref<${N}x${T}> {llvm.noalias, llvm.readonly},
+                        %w_arg: memref<${N}x${WT}> {llvm.noalias, llvm.readonly},
+                        %y_arg: memref<${N}x${T}> {llvm.noalias, llvm.writeonly},
+                        %rstd_arg: memref<1xf32> {llvm.noalias, llvm.writeonly},
+                        %rows: index, %x_stride: index, %y_stride: index)
+      workgroup(%red: memref<${WPR}xf32, #gpu.address_space<workgroup>>)
+      private(%xbuf: memref<${K}x${V}x${T}, #gpu.address_space<private>>,
+              %wbuf: memref<${K}x${V}x${WT}, #gpu.address_space<private>>)
+      kernel attributes {known_block_size = array<i32: ${BLOCK}, 1, 1>} {
+    %c0 = arith.constant 0 : index
+    %tpr = arith.constant ${TPR} : index
+    %vw = arith.constant ${V} : index
+    %k_full = arith.constant ${KFULL} : index
+    %nchunk = arith.constant ${NCHUNK} : index
+    %has_weight = arith.constant ${HAS_WEIGHT}
+    %store_rstd = arith.constant ${STORE_RSTD}
+    %cache_row = arith.constant ${CACHE_ROW}
+    %prefetch_w = arith.constant ${PREFETCH_W}
+    %eps = arith.constant ${EPS} : f32
+    %inv_n = arith.constant ${INV_N} : f32
+    %zero_f = arith.constant 0.0 : f32
+    %zero_v = arith.constant dense<0.0> : vector<${V}xf32>
+    %zero_t = arith.constant dense<0.0> : vector<${V}x${T}>
+
+    %tid = gpu.thread_id x
+    %bid = gpu.block_id x
+    %slot = arith.divui %tid, %tpr : index
+    %lane = arith.remui %tid, %tpr : index
+    %rows_per_block = arith.constant ${ROWS} : index
+    %first_row = arith.muli %bid, %rows_per_block : index
+    %row = arith.addi %first_row, %slot : index
+    %row_valid = arith.cmpi ult, %row, %rows : index
+    // ROWS > 1 only when a row fits in one warp (no barrier), so this branch may diverge;
+    // with one row per block it is uniform across the block and the barriers inside are safe.
+    scf.if %row_valid {
+      %x = memref.reinterpret_cast %x_arg to offset: [0], sizes: [%rows, ${N}], strides: [%x_stride, 1]
+          : memref<${N}x${T}> to memref<?x${N}x${T}, strided<[?, 1]>>
+      %y = memref.reinterpret_cast %y_arg to offset: [0], sizes: [%rows, ${N}], strides: [%y_stride, 1]
+          : memref<${N}x${T}> to memref<?x${N}x${T}, strided<[?, 1]>>
+
+      // Pass 1: load the row's chunks, accumulate x^2 lane-wise in fp32.
+      %sq_vec = affine.for %k = 0 to ${K} iter_args(%acc = %zero_v) -> (vector<${V}xf32>) {
+        %ck = arith.muli %k, %tpr : index
+        %chunk = arith.addi %ck, %lane : index
+        %col = arith.muli %chunk, %vw : index
+        %always = arith.cmpi ult, %k, %k_full : index
+        %in_row = arith.cmpi ult, %chunk, %nchunk : index
+        %live = arith.ori %always, %in_row : i1
+        %xv = scf.if %live -> (vector<${V}x${T}>) {
+          %v = vector.load %x[%row, %col] {alignment = ${ALIGN}} : memref<?x${N}x${T}, strided<[?, 1]>>, vector<${V}x${T}>
+          scf.yield %v : vector<${V}x${T}>
+        } else {
+          scf.yield %zero_t : vector<${V}x${T}>
+        }
+        scf.if %cache_row {
+          vector.store %xv, %xbuf[%k, %c0] : memref<${K}x${V}x${T}, #gpu.address_space<private>>, vector<${V}x${T}>
+        }
+        // The weight's loads go out with x's, so pass 2 does not wait on them.
+        %fetch_w = arith.andi %prefetch_w, %live : i1
+        scf.if %fetch_w {
+          %wv = vector.load %w_arg[%col] {alignment = ${W_ALIGN}} : memref<${N}x${WT}>, vector<${V}x${WT}>
+          vector.store %wv, %wbuf[%k, %c0] : memref<${K}x${V}x${WT}, #gpu.address_space<private>>, vector<${V}x${WT}>
+        }
+        %xf = ${EXT_T} %xv : vector<${V}x${T}> to vector<${V}xf32>
+        %acc_next = vector.fma %xf, %xf, %acc : vector<${V}xf32>
+        affine.yield %acc_next : vector<${V}xf32>
+      }
+      %sq_thread = vector.reduction <add>, %sq_vec : vector<${V}xf32> into f32
+      %sq_row = func.call @normir_row_sum(%sq_thread, %tid, %red)
+          : (f32, index, memref<${WPR}xf32, #gpu.address_space<workgroup>>) -> f32
+      %mean_sq = arith.mulf %sq_row, %inv_n : f32
+      %var_eps = arith.addf %mean_sq, %eps : f32
+      %rstd = func.call @normir_rsqrt(%var_eps) : (f32) -> f32
+
+      %is_lane0 = arith.cmpi eq, %lane, %c0 : index
+      %write_rstd = arith.andi %store_rstd, %is_lane0 : i1
+      scf.if %write_rstd {
+        %rstd_out = memref.reinterpret_cast %rstd_arg to offset: [0], sizes: [%rows], strides: [1]
+            : memref<1xf32> to memref<?xf32>
+        memref.store %rstd, %rstd_out[%row] : memref<?xf32>
+      }
+
+      // Pass 2: y = x * rstd * w, from the cached chunks (or x again).
+      %rstd_v = vector.broadcast %rstd : f32 to vector<${V}xf32>
+      affine.for %k = 0 to ${K} {
+        %ck = arith.muli %k, %tpr : index
+        %chunk = arith.addi %ck, %lane : index
+        %col = arith.muli %chunk, %vw : index
+        %always = arith.cmpi ult, %k, %k_full : index
+        %in_row = arith.cmpi ult, %chunk, %nchunk : index
+        %live = arith.ori %always, %in_row : i1
+        scf.if %live {
+          %xv = scf.if %cache_row -> (vector<${V}x${T}>) {
+            %v = vector.load %xbuf[%k, %c0] : memref<${K}x${V}x${T}, #gpu.address_space<private>>, vector<${V}x${T}>
+            scf.yield %v : vector<${V}x${T}>
+          } else {
+            %v = vector.load %x[%row, %col] {alignment = ${ALIGN}} : memref<?x${N}x${T}, strided<[?, 1]>>, vector<${V}x${T}>
+            scf.yield %v : vector<${V}x${T}>
+          }
+          %xf = ${EXT_T} %xv : vector<${V}x${T}> to vector<${V}xf32>
+          %xn = arith.mulf %xf, %rstd_v : vector<${V}xf32>
+          %yf = scf.if %has_weight -> (vector<${V}xf32>) {
+            %wv = scf.if %prefetch_w -> (vector<${V}x${WT}>) {
+              %v = vector.load %wbuf[%k, %c0] : memref<${K}x${V}x${WT}, #gpu.address_space<private>>, vector<${V}x${WT}>
+              scf.yield %v : vector<${V}x${WT}>
+            } else {
+              %v = vector.load %w_arg[%col] {alignment = ${W_ALIGN}} : memref<${N}x${WT}>, vector<${V}x${WT}>
+              scf.yield %v : vector<${V}x${WT}>
+            }
+            %wf = ${EXT_WT} %wv : vector<${V}x${WT}> to vector<${V}xf32>
+            %yw = arith.mulf %xn, %wf : vector<${V}xf32>
+            scf.yield %yw : vector<${V}xf32>
+          } else {
+            scf.yield %xn : vector<${V}xf32>
+          }
+          %yv = ${TRUNC_T} %yf : vector<${V}xf32> to vector<${V}x${T}>
+          vector.store %yv, %y[%row, %col] {alignment = ${ALIGN}} : memref<?x${N}x${T}, strided<[?, 1]>>, vector<${V}x${T}>
+        }
+      }
+    }
+    gpu.return
+  }
+}
+}
