@@ -1,0 +1,45 @@
+"""A short fwd + bwd workload for compute-sanitizer (memcheck, racecheck): every kernel layout
+(several rows per block, multi-warp rows with tails, register and streaming modes, the dw
+reduction, atomics) on small M, each checked against the float64 reference.
+
+    compute-sanitizer --tool memcheck python scripts/sanitize.py
+"""
+
+import torch
+
+import normir
+from normir.ops.rmsnorm import rmsnorm_bwd_ref, rmsnorm_ref
+
+CASES = [(100, torch.bfloat16), (1024, torch.float32), (2880, torch.bfloat16), (4096, torch.float16),
+         (65536, torch.bfloat16), (131072, torch.float32)]
+
+
+def err(a, b):
+    return ((a.double() - b.double()).norm() / b.double().norm()).item()
+
+
+def main() -> None:
+    bad = 0
+    for n, dt in CASES:
+        for m in (1, 37):
+            x = torch.randn((m, n), device="cuda").to(dt)
+            w = (torch.randn(n, device="cuda") + 1).to(dt)
+            dy = torch.randn((m, n), device="cuda").to(dt)
+            y, rstd = normir.rmsnorm_fwd(x, w, 1e-6, store_rstd=True)
+            dx, dw = normir.rmsnorm_bwd(x, w, dy, rstd)
+            dx_ref, dw_ref = rmsnorm_bwd_ref(x, w, dy, 1e-6)
+            e = (err(y, rmsnorm_ref(x, w, 1e-6)[0]), err(dx, dx_ref), err(dw, dw_ref))
+            ok = all(v < 2e-2 for v in e)
+            bad += not ok
+            print(f"n={n} m={m} {dt}: y {e[0]:.2e} dx {e[1]:.2e} dw {e[2]:.2e} {'ok' if ok else 'FAIL'}")
+    x = torch.randn((64, 4096), device="cuda").bfloat16()
+    w = torch.randn(4096, device="cuda").bfloat16()
+    y, rstd = normir.rmsnorm_fwd(x, w, store_rstd=True)
+    normir.rmsnorm_bwd(x, w, torch.randn_like(x), rstd, atomic_dw=True)
+    torch.cuda.synchronize()
+    print("sanitize workload:", "FAIL" if bad else "all ok")
+    raise SystemExit(1 if bad else 0)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,74 @@
+"""The GPU tier's case tables, shared with scripts/aot_plan.py so that the AOT cache carried to
+the GPU machine holds exactly the specializations the tests and the benchmark launch."""
+
+from __future__ import annotations
+
+from normir.ops.rmsnorm import BWD_KEY_EPS
+from normir.specialize import DTYPES, max_vec
+
+DTYPE_NAMES = ("f32", "f16", "bf16")
+# N: 1 and 100 -> several rows per block with narrow vectors (vec 1 / 4); 1024, 2048 -> rows
+# that fit one warp or a few; 2880, 5120 -> tail chunks (N not a multiple of threads x 8);
+# 8192 -> one multi-warp row per block; 65536 -> the longest register rows (bf16) or the
+# re-reading path (f32); see specialize.row_layout.
+FWD_N = (1, 100, 1024, 2048, 2880, 5120, 8192, 65536)
+FWD_M = (1, 199, 4096)
+EPS = (1e-6, 1e-5, 1e-2)
+LARGE_N = (131072,)  # past the register range in every dtype: the re-reading path
+TRAIN_N = 256
+# (N, row pitch in elements, element offset of the first row): unaligned pointers and pitches
+# must pick narrower vectors, never fault and never read the wrong bytes.
+ALIGN_CASES = ((4096, 4096, 1), (4096, 4100, 0), (4096, 4104, 0), (1023, 1023, 0), (2880, 2888, 2))
+BENCH_N = (1024, 2048, 2880, 4096, 7168, 8192, 16384, 32768, 65536)
+
+
+def _fwd(n, dt, wdt, eps=1e-6, has_weight=True, store_rstd=True, vec=0):
+    return dict(kernel="rmsnorm_fwd", n=n, dtype=dt, wdtype=wdt, eps=eps, target="sm_90",
+                has_weight=has_weight, store_rstd=store_rstd, vec=vec or max_vec(n, DTYPES[dt]))
+
+
+def _bwd(n, dt, wdt, has_weight=True, atomic=False, vec=0):
+    out = [dict(kernel="rmsnorm_bwd", n=n, dtype=dt, wdtype=wdt, eps=BWD_KEY_EPS, target="sm_90",
+                has_weight=has_weight, store_rstd=False, vec=vec or max_vec(n, DTYPES[dt]), atomic_dw=atomic)]
+    if has_weight:
+        out.append(dict(kernel="rmsnorm_dw_reduce", n=n, dtype="f32", wdtype=wdt, eps=BWD_KEY_EPS, target="sm_90",
+                        has_weight=True, store_rstd=False, vec=max_vec(n, 4)))
+    return out
+
+
+def _vecs(n: int, dt: str) -> list[int]:
+    v, out = max_vec(n, DTYPES[dt]), []
+    while v >= 1:
+        out.append(v)
+        v //= 2
+    return out
+
+
+def specializations() -> list[dict]:
+    plan: list[dict] = []
+    for dt in DTYPE_NAMES:
+        for n in FWD_N + LARGE_N:
+            plan += [_fwd(n, dt, dt), _fwd(n, dt, "f32"), _fwd(n, dt, dt, has_weight=False),
+                     _fwd(n, dt, dt, store_rstd=False)]
+            plan += _bwd(n, dt, dt) + _bwd(n, dt, "f32") + _bwd(n, dt, dt, has_weight=False)
+        for eps in EPS:
+            plan.append(_fwd(4096, dt, dt, eps=eps))
+            plan.append(_fwd(100, dt, dt, eps=eps))
+        plan.append(_fwd(2880, dt, dt, eps=1e-5))  # test_autograd_3d
+        for n, _, _ in ALIGN_CASES:
+            for v in _vecs(n, dt):
+                plan.append(_fwd(n, dt, dt, vec=v))
+                plan += _bwd(n, dt, dt, vec=v)
+    plan += _bwd(4096, "bf16", "bf16", atomic=True) + _bwd(1024, "f32", "f32", atomic=True)
+    plan += [_fwd(TRAIN_N, "bf16", "bf16"), _fwd(TRAIN_N, "bf16", "bf16", store_rstd=False)] + _bwd(TRAIN_N, "bf16", "bf16")
+    plan += [_fwd(4096, "bf16", "bf16", store_rstd=False)]
+    for n in BENCH_N:
+        plan += [_fwd(n, "bf16", "bf16", store_rstd=False), _fwd(n, "bf16", "bf16")]
+        plan += _bwd(n, "bf16", "bf16") + _bwd(n, "bf16", "bf16", atomic=True)
+    seen, out = set(), []
+    for p in plan:
+        k = tuple(sorted(p.items()))
+        if k not in seen:
+            seen.add(k)
+            out.append(p)
+    return out
