@@ -8,7 +8,7 @@ python3 -m pip install -q --no-deps --no-build-isolation --no-index . >"$out/ins
 export NORMIR_AOT_DIRS=$PWD/.aot NORMIR_CACHE_DIR=/tmp/normir-cache NORMIR_NO_COMPILE=1 PYTHONUNBUFFERED=1
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader | tee "$out/gpu.txt"
 sel=${2:-}
-python3 -m pytest tests -m "gpu and not multi_gpu" -q -p no:cacheprovider ${sel:+-k "$sel"} --junitxml="$out/gpu-tests.xml" 2>&1 | tail -n 40 | tee "$out/gpu-tests.txt"
+python3 -m pytest tests/test_gpu_rmsnorm.py -m "gpu and not multi_gpu" -q -p no:cacheprovider ${sel:+-k "$sel"} --junitxml="$out/gpu-tests.xml" 2>&1 | tail -n 40 | tee "$out/gpu-tests.txt"
 rc=${PIPESTATUS[0]}
 if [ "${SANITIZE:-1}" = 1 ]; then
   for tool in memcheck racecheck; do
