@@ -1,0 +1,478 @@
+"""Side-by-side RMSNorm bandwidth benchmark: normir against the kernels users would pick instead.
+
+Everything runs in one process, on one GPU, on the same inputs:
+
+- a device-to-device copy (``dst.copy_(src)``, 2^28 elements) gives the ceiling; its GB/s counts
+  the bytes read plus the bytes written;
+- forward, backward and (optionally) forward+backward of RMSNorm over the last dim, with bf16 x and
+  weight (``--dtype``), eps 1e-6, shapes M x N with M*N = 2^27 (M = 2^27 // N);
+- small-M rows (N=4096, M in 1, 16, 128): host-visible microseconds per forward call, a wall clock
+  over many back-to-back calls followed by one synchronize (host overhead + launch).
+
+Providers (``PROVIDERS`` below; a peer whose import fails is skipped with the reason printed):
+normir (``rmsnorm_fwd``; backward as one ``rmsnorm_bwd`` call, dx + dw), normir-atomic (the same
+backward with ``atomic_dw=True``; n/a where the row takes the streaming mode), torch eager
+(``F.rms_norm``), torch.compile of an fp32 rmsnorm cast back (dynamic=False), Liger (the Triton
+``LigerRMSNormFunction`` that ``LigerRMSNorm`` calls, in_place=False so dy is never overwritten)
+and quack (``quack.rmsnorm.rmsnorm``). Peers' backward is ``torch.autograd.grad(y, [x, w], dy,
+retain_graph=True)`` on a retained graph, so it includes their dw reduction and autograd's overhead.
+
+Bandwidth = bytes that must move / median time of ``triton.testing.do_bench`` (warmup 25 ms,
+rep 100 ms), with e = element size of x:
+  fwd:    x read + y written            = 2 * M * N * e
+  bwd:    x, dy read + dx written       = 3 * M * N * e
+  fwdbwd: the sum of the two            = 5 * M * N * e
+(weight, rstd and dw are O(M + N) and not counted.)
+
+Output: a progress line per shape, then the summary tables (last, so a tail of the log shows them);
+``bench.json`` (GPU, versions, date, copy GB/s, every time and error) and ``bench.png`` (GB/s vs N,
+one subplot per op) in ``--out``. bench.json is rewritten after every shape, so a run cut short
+keeps what it measured.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import importlib
+import importlib.metadata
+import json
+import os
+import site
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+EPS = 1e-6
+TOTAL = 1 << 27  # elements per shape (M * N)
+FULL_NS = (1024, 2048, 2880, 4096, 7168, 8192, 16384, 32768, 65536)
+QUICK_NS = (1024, 4096, 65536)
+COPY_ELEMS = 1 << 28
+SMALL_N = 4096
+SMALL_MS = (1, 16, 128)
+SMALL_CALLS = 2000
+DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
+OPS = ("fwd", "bwd", "fwdbwd")
+BYTES_PER_ELEM = {"fwd": 2, "bwd": 3, "fwdbwd": 5}  # tensors of M x N that each op must move
+
+Fn = Callable[[torch.Tensor, torch.Tensor, float], Any]  # (x, w, eps) -> y
+Setup = Callable[[torch.Tensor, torch.Tensor, torch.Tensor, float], Callable[[], Any]]  # (x, w, dy, eps) -> timed fn
+
+
+@dataclass(frozen=True)
+class Provider:
+    """One implementation. fwd computes y (inputs need no grad); bwd and fwdbwd are setups that
+    prepare whatever the timed call needs (a retained graph, rstd) and return that call."""
+
+    name: str
+    fwd: Fn | None = None
+    bwd: Setup | None = None
+    fwdbwd: Setup | None = None
+
+    @property
+    def is_peer(self) -> bool:
+        return not self.name.startswith("normir")
+
+
+# ---------------------------------------------------------------------------- setups
+
+
+def _leaves(x: torch.Tensor, w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    return x.detach().requires_grad_(True), w.detach().requires_grad_(True)
+
+
+def autograd_bwd(fn: Fn) -> Setup:
+    """Backward of a differentiable fn: autograd.grad on a graph built once and retained."""
+
+    def setup(x, w, dy, eps):
+        xr, wr = _leaves(x, w)
+        y = fn(xr, wr, eps)
+        return lambda: torch.autograd.grad(y, [xr, wr], dy, retain_graph=True)
+
+    return setup
+
+
+def autograd_fwdbwd(fn: Fn) -> Setup:
+    """Forward then backward of a differentiable fn, both inside the timed call."""
+
+    def setup(x, w, dy, eps):
+        xr, wr = _leaves(x, w)
+        return lambda: torch.autograd.grad(fn(xr, wr, eps), [xr, wr], dy)
+
+    return setup
+
+
+def normir_bwd(atomic_dw: bool) -> Setup:
+    """normir backward as one rmsnorm_bwd call (dx and dw), rstd from a forward done outside."""
+
+    def setup(x, w, dy, eps):
+        import normir
+
+        _, rstd = normir.rmsnorm_fwd(x, w, eps, store_rstd=True)
+        return lambda: normir.rmsnorm_bwd(x, w, dy, rstd, atomic_dw=atomic_dw)
+
+    return setup
+
+
+# ---------------------------------------------------------------------------- providers
+
+
+def _rmsnorm_fp32(x: torch.Tensor, w: torch.Tensor, eps: float) -> torch.Tensor:
+    xf = x.float()
+    y = xf * torch.rsqrt(xf.square().mean(-1, keepdim=True) + eps)
+    return (y * w.float()).to(x.dtype)
+
+
+def load_normir() -> list[Provider]:
+    import normir
+
+    return [
+        Provider("normir", fwd=lambda x, w, eps: normir.rmsnorm_fwd(x, w, eps)[0], bwd=normir_bwd(False),
+                 fwdbwd=autograd_fwdbwd(normir.rmsnorm)),
+        Provider("normir-atomic", bwd=normir_bwd(True)),
+    ]
+
+
+def load_torch() -> list[Provider]:
+    def eager(x, w, eps):
+        return torch.nn.functional.rms_norm(x, (x.shape[-1],), w, eps)
+
+    return [Provider("torch", fwd=eager, bwd=autograd_bwd(eager), fwdbwd=autograd_fwdbwd(eager))]
+
+
+def load_compile() -> list[Provider]:
+    import torch._dynamo.config as dcfg
+
+    # A sweep over many shapes recompiles; past the default limit (8) dynamo silently runs eager.
+    for key in ("recompile_limit", "cache_size_limit", "accumulated_recompile_limit", "accumulated_cache_size_limit"):
+        if hasattr(dcfg, key):
+            setattr(dcfg, key, 1000)
+    compiled = torch.compile(_rmsnorm_fp32, dynamic=False)
+    return [Provider("compile", fwd=compiled, bwd=autograd_bwd(compiled), fwdbwd=autograd_fwdbwd(compiled))]
+
+
+def load_liger() -> list[Provider]:
+    fn_cls = importlib.import_module("liger_kernel.ops.rms_norm").LigerRMSNormFunction
+
+    def liger(x, w, eps):  # offset 0, Llama casting (fp32 rstd), in_place=False: dy stays intact
+        return fn_cls.apply(x, w, eps, 0.0, "llama", False)
+
+    return [Provider("liger", fwd=liger, bwd=autograd_bwd(liger), fwdbwd=autograd_fwdbwd(liger))]
+
+
+def load_quack() -> list[Provider]:
+    # quack/__init__ rebinds quack.rmsnorm to the function; import the module by name.
+    mod = importlib.import_module("quack.rmsnorm")
+
+    def quack(x, w, eps):
+        return mod.rmsnorm(x, w, eps=eps)
+
+    return [Provider("quack", fwd=quack, bwd=autograd_bwd(quack), fwdbwd=autograd_fwdbwd(quack))]
+
+
+# name -> loader, in column order; a loader that raises drops its providers with the reason.
+PROVIDERS: dict[str, Callable[[], list[Provider]]] = {
+    "normir": load_normir,
+    "torch": load_torch,
+    "compile": load_compile,
+    "liger": load_liger,
+    "quack": load_quack,
+}
+
+DISTRIBUTIONS = ("torch", "triton", "normir", "liger-kernel", "quack-kernels", "nvidia-cutlass-dsl")
+
+
+def load_providers(peers_dir: str | None) -> tuple[list[Provider], dict[str, str]]:
+    """Every provider that imports, and a status line per loader ("ok" or why it was skipped)."""
+    if peers_dir:
+        if os.path.isdir(peers_dir):
+            site.addsitedir(os.path.abspath(peers_dir))
+        else:
+            print(f"warning: --peers-dir {peers_dir} is not a folder; peers come from the environment only")
+    providers, status = [], {}
+    for name, loader in PROVIDERS.items():
+        try:
+            providers += loader()
+            status[name] = "ok"
+        except Exception as e:  # any import failure just drops the peer
+            status[name] = f"skipped: {short_error(e)}"
+            print(f"{name}: {status[name]}", flush=True)
+    return providers, status
+
+
+def versions() -> dict[str, str | None]:
+    out = {}
+    for dist in DISTRIBUTIONS:
+        try:
+            out[dist] = importlib.metadata.version(dist)
+        except importlib.metadata.PackageNotFoundError:
+            out[dist] = None
+    out["torch"] = torch.__version__
+    return out
+
+
+# ---------------------------------------------------------------------------- measuring
+
+
+def short_error(e: BaseException) -> str:
+    lines = str(e).strip().splitlines()
+    return f"{type(e).__name__}: {lines[0][:200] if lines else ''}"
+
+
+def bench_ms(fn: Callable[[], Any]) -> float:
+    from triton.testing import do_bench
+
+    return float(do_bench(fn, warmup=25, rep=100, return_mode="median"))
+
+
+def gbps(nbytes: int, ms: float | None) -> float | None:
+    return None if ms is None else nbytes / (ms * 1e6)
+
+
+def copy_ceiling(dtype: torch.dtype) -> dict[str, float]:
+    """Device-to-device copy of COPY_ELEMS elements; bytes = read + written."""
+    src = torch.randn(COPY_ELEMS, device="cuda", dtype=dtype)
+    dst = torch.empty_like(src)
+    ms = bench_ms(lambda: dst.copy_(src))
+    nbytes = 2 * src.numel() * src.element_size()
+    return {"elements": COPY_ELEMS, "bytes": nbytes, "ms": ms, "gbps": gbps(nbytes, ms)}
+
+
+def timed_call(p: Provider, op: str, x: torch.Tensor, w: torch.Tensor, dy: torch.Tensor) -> Callable[[], Any] | None:
+    """The call to time for provider p and op, or None when p does not offer op."""
+    if op == "fwd":
+        return None if p.fwd is None else (lambda: p.fwd(x, w, EPS))
+    setup = p.bwd if op == "bwd" else p.fwdbwd
+    return None if setup is None else setup(x, w, dy, EPS)
+
+
+def measure_shape(providers: list[Provider], ops: list[str], m: int, n: int,
+                  dtype: torch.dtype) -> dict[str, dict[str, Any]]:
+    """Every provider and op on one M x N shape; fresh random x, w, dy shared by all."""
+    x = torch.randn(m, n, device="cuda", dtype=dtype)
+    w = torch.randn(n, device="cuda", dtype=dtype)
+    dy = torch.randn(m, n, device="cuda", dtype=dtype)
+    out = {}
+    for op in ops:
+        nbytes = BYTES_PER_ELEM[op] * m * n * x.element_size()
+        row: dict[str, Any] = {"M": m, "N": n, "bytes": nbytes, "ms": {}, "gbps": {}, "errors": {}}
+        for p in providers:
+            ms = None
+            try:
+                call = timed_call(p, op, x, w, dy)
+                if call is None:
+                    continue
+                ms = bench_ms(call)
+            except Exception as e:  # one failing provider records None, the rest go on
+                row["errors"][p.name] = short_error(e)
+            finally:
+                call = None  # drop the retained graph before the next provider
+            row["ms"][p.name] = ms
+            row["gbps"][p.name] = gbps(nbytes, ms)
+        out[op] = row
+        cells = " | ".join(f"{k} {fmt(v, 0)}" for k, v in row["gbps"].items())
+        print(f"{op:6s} {m}x{n}: {cells} GB/s", flush=True)
+        for k, err in row["errors"].items():
+            print(f"    {k}: {err}", flush=True)
+    del x, w, dy
+    torch.cuda.empty_cache()
+    return out
+
+
+def host_us(fn: Callable[[], Any], calls: int = SMALL_CALLS) -> float:
+    """Microseconds per call seen by the host: `calls` back-to-back calls, then one synchronize."""
+    for _ in range(50):
+        fn()
+    torch.cuda.synchronize()
+    t0 = time.perf_counter()
+    for _ in range(calls):
+        fn()
+    torch.cuda.synchronize()
+    return (time.perf_counter() - t0) / calls * 1e6
+
+
+def small_row(providers: list[Provider], m: int, dtype: torch.dtype) -> dict[str, Any]:
+    """Host-visible us per forward call of every provider on one m x SMALL_N shape."""
+    x = torch.randn(m, SMALL_N, device="cuda", dtype=dtype)
+    w = torch.randn(SMALL_N, device="cuda", dtype=dtype)
+    row: dict[str, Any] = {"M": m, "N": SMALL_N, "calls": SMALL_CALLS, "us": {}, "errors": {}}
+    for p in providers:
+        if p.fwd is None:
+            continue
+        try:
+            row["us"][p.name] = host_us(lambda fwd=p.fwd: fwd(x, w, EPS))
+        except Exception as e:  # recorded, the rest go on
+            row["us"][p.name] = None
+            row["errors"][p.name] = short_error(e)
+    return row
+
+
+def measure_small(providers: list[Provider], dtype: torch.dtype) -> list[dict[str, Any]]:
+    rows = []
+    for m in SMALL_MS:
+        row = small_row(providers, m, dtype)
+        print(f"small  {m}x{SMALL_N}: " + " | ".join(f"{k} {fmt(v, 1)}" for k, v in row["us"].items()) + " us",
+              flush=True)
+        for k, err in row["errors"].items():
+            print(f"    {k}: {err}", flush=True)
+        rows.append(row)
+    torch.cuda.empty_cache()
+    return rows
+
+
+# ---------------------------------------------------------------------------- reporting
+
+
+def fmt(v: float | None, digits: int) -> str:
+    return "n/a" if v is None else f"{v:.{digits}f}"
+
+
+def best_peer(gb: dict[str, float | None], peers: set[str]) -> tuple[str, float] | None:
+    cands = [(v, k) for k, v in gb.items() if k in peers and v is not None]
+    return None if not cands else max(cands)[::-1]
+
+
+def table(header: list[str], rows: list[list[str]]) -> str:
+    widths = [max(len(r[i]) for r in [header, *rows]) for i in range(len(header))]
+    lines = [header, ["-" * wd for wd in widths], *rows]
+    return "\n".join("  ".join(c.rjust(wd) for c, wd in zip(r, widths)) for r in lines)
+
+
+def op_table(op: str, rows: list[dict[str, Any]], copy_gbps: float, peers: set[str]) -> str:
+    names = list(dict.fromkeys(k for r in rows for k in r["gbps"]))
+    header = ["M x N", *names, "normir %copy", "best peer"]
+    body = []
+    for r in rows:
+        gb = r["gbps"]
+        mine = gb.get("normir")
+        best = best_peer(gb, peers)
+        body.append([f"{r['M']}x{r['N']}", *(fmt(gb.get(k), 0) for k in names),
+                     "n/a" if mine is None else f"{100 * mine / copy_gbps:.1f}%",
+                     "n/a" if best is None else f"{best[1]:.0f} {best[0]}"])
+    return f"{op} (GB/s; {BYTES_PER_ELEM[op]} x M*N elements moved)\n" + table(header, body)
+
+
+def small_table(rows: list[dict[str, Any]]) -> str:
+    names = list(dict.fromkeys(k for r in rows for k in r["us"]))
+    body = [[f"{r['M']}x{r['N']}", *(fmt(r["us"].get(k), 1) for k in names)] for r in rows]
+    return f"small M, fwd (host-visible us per call over {SMALL_CALLS} calls)\n" + table(["M x N", *names], body)
+
+
+def summary(data: dict[str, Any], peers: set[str]) -> str:
+    c = data["copy"]
+    parts = [f"{data['gpu']} | torch {data['versions']['torch']} | {data['dtype']} | "
+             f"copy {c['gbps']:.0f} GB/s ({c['elements']} elements, read + write)"]
+    for op, rows in data["results"].items():
+        if rows:
+            parts.append(op_table(op, rows, c["gbps"], peers))
+    if data.get("small_m"):
+        parts.append(small_table(data["small_m"]))
+    return "\n\n".join(parts)
+
+
+def save_json(out: Path, data: dict[str, Any]) -> None:
+    tmp = out / "bench.json.tmp"
+    tmp.write_text(json.dumps(data, indent=1))
+    os.replace(tmp, out / "bench.json")
+
+
+def plot(path: Path, data: dict[str, Any]) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    ops = [op for op, rows in data["results"].items() if rows]
+    if not ops:
+        return
+    names = list(dict.fromkeys(k for op in ops for r in data["results"][op] for k in r["gbps"]))
+    colors = {name: f"C{i % 10}" for i, name in enumerate(names)}  # one color per provider in every subplot
+    fig, axes = plt.subplots(1, len(ops), figsize=(6.5 * len(ops), 4.8), squeeze=False)
+    for ax, op in zip(axes[0], ops):
+        rows = data["results"][op]
+        for name in names:
+            pts = [(r["N"], r["gbps"][name]) for r in rows if r["gbps"].get(name) is not None]
+            if pts:
+                style = "-" if name.startswith("normir") else "--"
+                ax.plot(*zip(*pts), style, color=colors[name], marker="o", ms=4,
+                        lw=2 if name == "normir" else 1.2, label=name)
+        ax.axhline(data["copy"]["gbps"], color="k", ls=":", lw=1, label="copy")
+        ax.set_xscale("log", base=2)
+        ns = sorted({r["N"] for r in rows})
+        ax.set_xticks(ns, [str(v) for v in ns], rotation=45, fontsize=8)
+        ax.minorticks_off()
+        ax.set_xlabel("N (M = 2^27 // N)")
+        ax.set_ylabel("GB/s")
+        ax.set_title(f"rmsnorm {op}, {data['dtype']}")
+        ax.grid(alpha=0.3)
+        ax.set_ylim(bottom=0)
+        ax.legend(fontsize=8)
+    fig.suptitle(f"{data['gpu']}, torch {data['versions']['torch']}, {data['date'][:10]}")
+    fig.tight_layout()
+    fig.savefig(path, dpi=130)
+    plt.close(fig)
+
+
+# ---------------------------------------------------------------------------- main
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    ap = argparse.ArgumentParser(description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--out", default=".", help="folder for bench.json and bench.png (default: .)")
+    ap.add_argument("--quick", action="store_true", help=f"only N in {QUICK_NS}")
+    ap.add_argument("--peers-dir", help="folder added with site.addsitedir before importing the peers")
+    ap.add_argument("--ops", default="fwd,bwd", help=f"comma list out of {','.join(OPS)} (default: fwd,bwd)")
+    ap.add_argument("--dtype", default="bf16", choices=sorted(DTYPES), help="x and weight dtype (default: bf16)")
+    args = ap.parse_args(argv)
+    args.ops = [o.strip() for o in args.ops.split(",") if o.strip()]
+    bad = [o for o in args.ops if o not in OPS]
+    if bad or not args.ops:
+        ap.error(f"--ops: unknown {bad}; choose from {','.join(OPS)}")
+    return args
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    if not torch.cuda.is_available():
+        print("bench.py needs a CUDA GPU; torch.cuda.is_available() is False", file=sys.stderr)
+        return 1
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    dtype = DTYPES[args.dtype]
+    providers, status = load_providers(args.peers_dir)
+    peers = {p.name for p in providers if p.is_peer}
+    data: dict[str, Any] = {
+        "gpu": torch.cuda.get_device_name(), "versions": versions(),
+        "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+        "dtype": args.dtype, "eps": EPS, "elements_per_shape": TOTAL,
+        "timing": "triton.testing.do_bench median (warmup 25 ms, rep 100 ms); small M: wall clock",
+        "providers": status, "copy": copy_ceiling(dtype), "results": {op: [] for op in args.ops}, "small_m": [],
+    }
+    torch.cuda.empty_cache()
+    print(f"copy: {data['copy']['gbps']:.0f} GB/s", flush=True)
+    for n in QUICK_NS if args.quick else FULL_NS:
+        t0 = time.perf_counter()
+        for op, row in measure_shape(providers, args.ops, TOTAL // n, n, dtype).items():
+            data["results"][op].append(row)
+        save_json(out, data)
+        print(f"       ({time.perf_counter() - t0:.0f} s for N={n})", flush=True)
+    if "fwd" in args.ops:
+        data["small_m"] = measure_small(providers, dtype)
+    save_json(out, data)
+    try:
+        plot(out / "bench.png", data)
+    except Exception as e:  # the plot is a convenience; bench.json already holds the data
+        print(f"plot failed: {short_error(e)}")
+    print(f"wrote {out / 'bench.json'} and {out / 'bench.png'}\n")
+    print(summary(data, peers), flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,29 @@
+"""Shared test setup.
+
+CPU tier (tests marked `cpu`): each test gets an empty cache folder of its own, no NORMIR_* settings
+inherited from the caller's shell, and a private temporary folder (for the reproduction files that
+compile errors write), so the tier never reads or writes ~/.cache/normir or leaves files in /tmp.
+"""
+
+from __future__ import annotations
+
+import tempfile
+
+import pytest
+
+# Settings that change what a test sees; NORMIR_PTXAS / NORMIR_ROCM_PATH (toolchain location) stay.
+_CLEARED = ("NORMIR_AOT_DIRS", "NORMIR_DUMP_DIR", "NORMIR_NO_COMPILE", "NORMIR_TARGET")
+
+
+@pytest.fixture(autouse=True)
+def _cpu_isolation(request, tmp_path_factory, monkeypatch):
+    if request.node.get_closest_marker("cpu") is None:
+        yield
+        return
+    root = tmp_path_factory.mktemp("normir-env")
+    monkeypatch.setenv("NORMIR_CACHE_DIR", str(root / "cache"))
+    for name in _CLEARED:
+        monkeypatch.delenv(name, raising=False)
+    (root / "tmp").mkdir()
+    monkeypatch.setattr(tempfile, "tempdir", str(root / "tmp"))
+    yield

@@ -1,0 +1,322 @@
+"""Options validation, cache-key text, the row layout policies and placeholder substitution (no MLIR)."""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import math
+
+import pytest
+
+from normir import specialize as S
+from normir import targets
+from normir.kernels import KERNELS
+from normir.specialize import MAX_N, Options, SpecializationError
+
+pytestmark = pytest.mark.cpu
+
+
+# ---------------------------------------------------------------------------- Options validation
+
+
+@pytest.mark.parametrize(
+    "kwargs, match",
+    [
+        (dict(kernel="rmsnorm_fw"), r"kernel 'rmsnorm_fw' is unknown"),
+        (dict(target="sm_91"), r"target 'sm_91' is not supported"),
+        (dict(n=0), r"^n=0 is out of range"),
+        (dict(n=-8), r"^n=-8 is out of range"),
+        (dict(n=MAX_N + 1), rf"^n={MAX_N + 1} is out of range"),
+        (dict(n=1024.0), r"^n=1024.0 is out of range"),
+        (dict(n="1024"), r"^n='1024' is out of range"),
+        (dict(dtype="fp16"), r"^dtype='fp16': choose one of"),
+        (dict(dtype="f64"), r"^dtype='f64'"),
+        (dict(wdtype="bfloat16"), r"^wdtype='bfloat16': choose one of"),
+        (dict(eps=math.nan), r"^eps=nan must be a finite float32"),
+        (dict(eps=math.inf), r"^eps=inf must be"),
+        (dict(eps=-math.inf), r"^eps=-inf must be"),
+        (dict(eps=0.0), r"^eps=0.0 must be"),
+        (dict(eps=0), r"^eps=0 must be"),
+        (dict(eps=-1e-6), r"^eps=-1e-06 must be"),
+        (dict(eps=1e-40), r"^eps=1e-40 must be"),  # a float32 subnormal
+        (dict(eps=1e39), r"^eps=1e\+39 must be"),  # overflows float32
+        (dict(vec=3), r"^vec=3 must be a power of two"),
+        (dict(vec=6), r"^vec=6 must be a power of two"),
+        (dict(vec=-4), r"^vec=-4 must be"),
+        (dict(vec=16), r"^vec=16 must be .* at most 8"),  # 32 bytes of bf16: wider than 16
+        (dict(n=1028, vec=8), r"^vec=8 must be .* at most 4"),  # 8 does not divide 1028
+        (dict(n=1001, dtype="f32", vec=2), r"^vec=2 .* at most 1"),  # odd N
+    ],
+)
+def test_options_rejects(kwargs, match):
+    args = dict(kernel="rmsnorm_fwd", n=1024)
+    args.update(kwargs)
+    with pytest.raises(ValueError, match=match):
+        Options(**args)
+
+
+@pytest.mark.xfail(strict=True, reason="bug: Options accepts n=True (bool is an int subclass) as N=1 with key 'n=True'")
+def test_options_rejects_bool_n():
+    with pytest.raises(ValueError, match=r"^n=True"):
+        Options(kernel="rmsnorm_fwd", n=True)
+
+
+def test_options_accepts_eps_bounds():
+    assert Options(kernel="rmsnorm_fwd", n=8, eps=S.FLT_MIN).eps == S.FLT_MIN
+    assert Options(kernel="rmsnorm_fwd", n=8, eps=1).eps == 1.0
+    assert Options(kernel="rmsnorm_fwd", n=1).n == 1
+    assert Options(kernel="rmsnorm_fwd", n=MAX_N, dtype="f32").n == MAX_N
+
+
+def test_eps_rounded_to_float32():
+    o = Options(kernel="rmsnorm_fwd", n=1024, eps=1e-6)
+    assert o.eps != 1e-6
+    assert o.eps == S.f32(1e-6) == 9.999999974752427e-07
+    assert S.f32(o.eps) == o.eps
+    # The same float32 from another double: the same binary.
+    assert Options(kernel="rmsnorm_fwd", n=1024, eps=1e-6 + 1e-20).digest() == o.digest()
+    assert S.mlir_f32(o.eps) == "9.999999975e-07"
+
+
+def test_vec_defaults_to_widest_and_normalizes_key():
+    widest = Options(kernel="rmsnorm_fwd", n=1024)
+    assert widest.vec == 8
+    assert Options(kernel="rmsnorm_fwd", n=1024, vec=8).digest() == widest.digest()
+    assert Options(kernel="rmsnorm_fwd", n=1024, vec=4).layout.vec == 4
+    assert Options(kernel="rmsnorm_fwd", n=1024, dtype="f32").vec == 4
+    assert Options(kernel="rmsnorm_fwd", n=100).vec == 4
+    assert Options(kernel="rmsnorm_fwd", n=2880, dtype="f16", vec=1).layout.nchunk == 2880
+
+
+def test_options_frozen():
+    o = Options(kernel="rmsnorm_fwd", n=1024)
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        o.n = 2048  # type: ignore[misc]
+
+
+# ---------------------------------------------------------------------------- key_string / digest
+
+
+def test_key_string_is_stable_text():
+    # Part of every cache key: a change here invalidates every AOT folder, so make it on purpose.
+    o = Options(kernel="rmsnorm_fwd", n=4096)
+    assert o.key_string() == (
+        "kernel='rmsnorm_fwd';n=4096;dtype='bf16';wdtype='bf16';eps=9.999999974752427e-07;target='sm_90';"
+        "has_weight=True;store_rstd=False;vec=8;atomic_dw=False"
+    )
+    assert o.digest() == hashlib.sha256(o.key_string().encode()).hexdigest()
+    assert o.digest() == "3286d02160a48d5648537be21970d7da6ec8e4b62f56cf13d767d16916d15f88"
+    assert "layout" not in o.key_string()
+
+
+_ALTERNATIVES = dict(kernel="rmsnorm_bwd", n=2048, dtype="f16", wdtype="f32", eps=1e-5, target="gfx950",
+                     has_weight=False, store_rstd=True, vec=4, atomic_dw=True)
+
+
+def test_alternatives_cover_every_key_field():
+    assert set(_ALTERNATIVES) == {f.name for f in dataclasses.fields(Options) if f.compare}
+
+
+@pytest.mark.parametrize("name", sorted(_ALTERNATIVES))
+def test_digest_differs_per_field(name):
+    base = Options(kernel="rmsnorm_fwd", n=4096)
+    other = Options(**{**{f.name: getattr(base, f.name) for f in dataclasses.fields(Options) if f.init},
+                       name: _ALTERNATIVES[name]})
+    assert other.key_string() != base.key_string()
+    assert other.digest() != base.digest()
+    assert other != base
+
+
+# ---------------------------------------------------------------------------- layouts
+
+# (target, N, dtype, expected vec, path features). Features read off the layout:
+#   rows: several rows per block   warps: a row spans several warps   tail: the last chunk round is masked
+#   stream: the row does not fit the register budget (second pass re-reads x)
+FWD_CASES = [
+    ("sm_90", 1, "bf16", 1, {"rows"}),  # N=1: one lane per row, 256 rows per block
+    ("sm_90", 7, "bf16", 1, {"rows", "tail"}),  # odd N -> vec 1
+    ("sm_90", 64, "bf16", 8, {"rows"}),  # tiny rows: 2 lanes per row
+    ("sm_90", 100, "bf16", 4, {"rows", "tail"}),  # 8 does not divide 100 -> vec 4; 25 chunks on 8 lanes
+    ("sm_90", 1024, "bf16", 8, {"rows"}),  # one warp per row, 8 rows per block
+    ("sm_90", 2048, "bf16", 8, {"rows"}),  # largest one-warp row on sm_90 (8 chunks per lane)
+    ("gfx950", 2048, "bf16", 8, {"rows"}),  # wave64: 4 rows per block
+    ("gfx950", 2880, "bf16", 8, {"rows", "tail"}),  # wave64 one-warp row with a tail chunk
+    ("sm_90", 2880, "bf16", 8, {"warps", "tail"}),  # 3 warps per row, 360 chunks on 96 lanes
+    ("sm_90", 4096, "bf16", 8, {"warps"}),  # multi-warp, exact
+    ("gfx950", 5120, "bf16", 8, {"warps", "tail"}),  # 640 chunks on 192 lanes
+    ("gfx950", 7168, "bf16", 8, {"warps", "tail"}),  # 896 chunks on 256 lanes
+    ("sm_90", 7168, "bf16", 8, {"warps"}),  # 896 chunks on 224 lanes: exact on sm_90
+    ("sm_90", 4097, "f32", 1, {"warps", "tail"}),  # odd N, multi-warp, vec 1
+    ("sm_90", 8192, "f32", 4, {"warps"}),  # f32: 4 elements per 16 bytes
+    ("sm_90", 65536, "bf16", 8, {"warps", "stream"}),  # 1024 threads x 64 elements: over sm_90's budget
+    ("gfx950", 65536, "bf16", 8, {"warps"}),  # gfx950's register file keeps the same row
+    ("sm_90", MAX_N, "f32", 4, {"warps", "stream"}),  # the longest row: 256 chunks per thread
+]
+
+BWD_CASES = [
+    ("sm_90", 7, "bf16", 1, {"rows"}),  # odd N -> vec 1, one lane per row
+    ("sm_90", 64, "bf16", 8, {"rows"}),  # several rows per block
+    ("sm_90", 100, "bf16", 4, {"rows", "tail"}),  # vec 4 with a masked last round
+    ("gfx950", 1024, "bf16", 8, {"rows"}),  # wave64: one warp per row, 4 rows
+    ("sm_90", 1024, "bf16", 8, {"warps"}),  # 2 warps per row on sm_90
+    ("sm_90", 2880, "bf16", 8, {"warps", "tail"}),  # tail chunk
+    ("sm_90", 8192, "f32", 4, {"warps"}),  # f32: 8 elements per thread
+    ("sm_90", 16384, "bf16", 8, {"warps", "stream"}),  # x, dy and dw sums exceed sm_90's budget
+    ("gfx950", 16384, "bf16", 8, {"warps"}),  # ... but fit gfx950's
+    ("sm_90", 65536, "bf16", 8, {"warps", "stream"}),  # long rows stream on both
+    ("gfx950", 65536, "bf16", 8, {"warps", "stream"}),
+]
+
+
+def _features(lay: S.Layout) -> set[str]:
+    f = set()
+    if lay.rows > 1:
+        f.add("rows")
+    if lay.tpr > lay.warp:
+        f.add("warps")
+    if lay.kfull < lay.k:
+        f.add("tail")
+    if not lay.cache_row:
+        f.add("stream")
+    return f
+
+
+def _check_invariants(o: Options) -> None:
+    lay, n, eb = o.layout, o.n, S.DTYPES[o.dtype]
+    tgt = targets.get(o.target)
+    assert lay.warp == tgt.warp
+    assert lay.vec & (lay.vec - 1) == 0 and lay.vec * eb <= S.MAX_VECTOR_BYTES
+    assert n % lay.vec == 0 and lay.nchunk * lay.vec == n
+    assert lay.tpr * lay.k * lay.vec >= n, "the chunk rounds do not cover the row"
+    assert lay.kfull * lay.tpr * lay.vec <= n, "an unmasked chunk falls past the row end"
+    assert (lay.k - 1) * lay.tpr < lay.nchunk, "a chunk round is entirely masked"
+    assert lay.kfull == lay.nchunk // lay.tpr and lay.k == -(-lay.nchunk // lay.tpr)
+    assert 1 <= lay.block <= S.MAX_THREADS
+    assert lay.block % lay.warp == 0, "a block must be whole warps"
+    if lay.rows > 1:  # no barrier in the reduction: a row must live inside one warp
+        assert lay.tpr <= lay.warp and lay.warp % lay.tpr == 0
+    if lay.tpr > lay.warp:  # warp totals meet in shared memory: whole warps per row
+        assert lay.rows == 1 and lay.tpr % lay.warp == 0 and lay.wpr == lay.tpr // lay.warp
+    if lay.prefetch_w:
+        assert lay.cache_row
+    assert lay.unroll_limit == (targets.UNROLL_LIMIT if lay.cache_row else 0)
+
+
+@pytest.mark.parametrize("target, n, dtype, vec, features", FWD_CASES)
+def test_row_layout(target, n, dtype, vec, features):
+    o = Options(kernel="rmsnorm_fwd", n=n, dtype=dtype, wdtype=dtype, target=target)
+    _check_invariants(o)
+    assert o.layout.vec == vec
+    assert _features(o.layout) == features
+
+
+@pytest.mark.parametrize("target, n, dtype, vec, features", BWD_CASES)
+def test_bwd_layout(target, n, dtype, vec, features):
+    o = Options(kernel="rmsnorm_bwd", n=n, dtype=dtype, wdtype=dtype, target=target)
+    _check_invariants(o)
+    assert o.layout.vec == vec
+    assert _features(o.layout) == features
+
+
+@pytest.mark.parametrize("kernel", ["rmsnorm_fwd", "rmsnorm_bwd"])
+@pytest.mark.parametrize("target", targets.PRIMARY)
+def test_layout_invariants_sweep(kernel, target):
+    # Every N in a spread of sizes (odd, prime, powers of two and their neighbours), every dtype.
+    ns = sorted({1, 2, 3, 5, 8, 31, 33, 127, 255, 256, 257, 1000, 1023, 1025, 2047, 2049, 3000, 4095, 4104,
+                 8191, 12288, 32767, 32768, 100000, 131072, 262143, MAX_N})
+    for dt in S.DTYPES:
+        for n in ns:
+            _check_invariants(Options(kernel=kernel, n=n, dtype=dt, wdtype=dt, target=target))
+
+
+def test_reduce_layout():
+    o = Options(kernel="rmsnorm_dw_reduce", n=4096, dtype="f32", target="gfx950")
+    lay = o.layout
+    assert (lay.vec, lay.tpr, lay.rows, lay.block) == (4, S.REDUCE_CT, S.REDUCE_RT, S.REDUCE_CT * S.REDUCE_RT)
+    assert lay.nchunk * lay.vec == 4096
+
+
+# ---------------------------------------------------------------------------- substitute
+
+
+def test_substitute_fills_placeholders():
+    assert S.substitute("a ${X} b ${Y_2} ${X}", {"X": "1", "Y_2": "two"}) == "a 1 b two 1"
+    assert S.substitute("no placeholders, $X {X} $(X)", {}) == "no placeholders, $X {X} $(X)"
+
+
+def test_substitute_unknown_placeholder_names_it_and_the_line():
+    text = "line one\nline two\n  %c = arith.constant ${NOPE} : index\n"
+    with pytest.raises(SpecializationError, match=r"^k\.mlir:3: placeholder \$\{NOPE\} has no value; known: A") as e:
+        S.substitute(text, {"A": "1"}, origin="k.mlir", strict_unused=False)
+    assert isinstance(e.value, ValueError)
+
+
+@pytest.mark.xfail(strict=True, reason="bug: the line of a bad placeholder is counted after splicing, so pieces "
+                                       "spliced above it shift it (specialize.substitute)")
+def test_substitute_line_number_after_splice():
+    text = "line one\n// normir:splice common/rsqrt_nvvm.mlir\n${NOPE}\n"
+    with pytest.raises(SpecializationError, match=r"^k\.mlir:3: "):
+        S.substitute(text, {}, origin="k.mlir")
+
+
+def test_substitute_unused_value():
+    with pytest.raises(SpecializationError, match=r"values given but never used: \['UNUSED'\]"):
+        S.substitute("${A}", {"A": "1", "UNUSED": "2"}, origin="k.mlir")
+    assert S.substitute("${A}", {"A": "1", "UNUSED": "2"}, strict_unused=False) == "1"
+
+
+def test_substitute_splices_common_piece():
+    text = "module {\n    // normir:splice ${RSQRT_PIECE}\n}\n"
+    out = S.substitute(text, {"RSQRT_PIECE": "common/rsqrt_nvvm.mlir"}, origin="k.mlir")
+    assert "normir:splice" not in out
+    assert "func.func private @normir_rsqrt" in out and "llvm.nvvm.rsqrt.approx.ftz.f" in out
+    assert out.startswith("module {\n") and out.endswith("}\n")
+    # The piece's own placeholders are filled, and count as used.
+    out = S.substitute("// normir:splice common/atomic_add_rocdl.mlir\n", {"N": "128", "V": "4"})
+    assert "memref<128xf32>" in out and "vector<4xf32>" in out and "${" not in out
+    # splice=False leaves the line alone.
+    assert S.substitute("// normir:splice x.mlir\n", {}, splice=False) == "// normir:splice x.mlir\n"
+    # Only a line that is nothing but the directive splices.
+    assert S.substitute("%a = 1 // normir:splice x.mlir\n", {}) == "%a = 1 // normir:splice x.mlir\n"
+
+
+def test_substitute_missing_piece():
+    with pytest.raises(FileNotFoundError, match="common/nope.mlir"):
+        S.substitute("// normir:splice common/nope.mlir\n", {})
+
+
+def test_substitute_splice_depth(monkeypatch):
+    monkeypatch.setattr(S, "_read", lambda rel: "// normir:splice loop.mlir\n")
+    with pytest.raises(SpecializationError, match="splices nest too deep"):
+        S.substitute("// normir:splice loop.mlir\n", {})
+
+
+# ---------------------------------------------------------------------------- specialize
+
+
+def _kernel_options(kernel: str, target: str, n: int = 2880) -> Options:
+    dt = "f32" if kernel == "rmsnorm_dw_reduce" else "bf16"  # the reduction reads fp32 partials
+    return Options(kernel=kernel, n=n, dtype=dt, wdtype="bf16", target=target)
+
+
+@pytest.mark.parametrize("kernel", sorted(KERNELS))
+@pytest.mark.parametrize("target", targets.PRIMARY)
+def test_specialize_every_kernel(kernel, target):
+    o = _kernel_options(kernel, target)
+    text = S.specialize(o)
+    assert "${" not in text
+    assert "normir:splice" not in text
+    assert "memref<2880x" in text
+    assert targets.get(target).target_attr in text
+    assert f"gpu.func @{KERNELS[kernel].entry}(" in text
+    assert f"known_block_size = array<i32: {o.layout.block}, 1, 1>" in text
+
+
+def test_specialize_values_follow_options():
+    a = S.specialize(Options(kernel="rmsnorm_fwd", n=4096, eps=1e-5))
+    b = S.specialize(Options(kernel="rmsnorm_fwd", n=4096, eps=1e-6, has_weight=False, dtype="f16", wdtype="f32"))
+    assert f"arith.constant {S.mlir_f32(1e-5)} : f32" in a
+    assert f"arith.constant {S.mlir_f32(1e-6)} : f32" in b
+    assert "%has_weight = arith.constant true" in a and "%has_weight = arith.constant false" in b
+    assert "memref<4096xf16>" in b and "memref<4096xf32>" in b and "arith.extf" in b
+    assert "vector<8xbf16>" in a and "arith.extf" in a
