@@ -38,9 +38,13 @@ NO_COMPILE = EnvVar(
     "NORMIR_NO_COMPILE", "0",
     "1: never compile at run time; a kernel missing from the caches is an error (AOT deployments)",
 )
+TPR = EnvVar(
+    "NORMIR_TPR", "",
+    "tuning: threads per row for given kernels and N, e.g. 'rmsnorm_fwd:65536=512,rmsnorm_bwd:16384=512'",
+)
 TARGET = EnvVar("NORMIR_TARGET", "", "override the target chip picked from the torch device (e.g. sm_90)")
 
-ALL = (CACHE_DIR, AOT_DIRS, DUMP_DIR, ROCM_PATH, PTXAS, NO_COMPILE, TARGET)
+ALL = (CACHE_DIR, AOT_DIRS, DUMP_DIR, ROCM_PATH, PTXAS, NO_COMPILE, TPR, TARGET)
 
 
 def describe() -> str:

@@ -30,13 +30,13 @@ class KernelSpec:
 def _fwd_layout(opts: Options, tgt: Target) -> Layout:
     from .specialize import DTYPES, row_layout
 
-    return row_layout(opts.n, opts.vec, DTYPES[opts.dtype], tgt)
+    return row_layout(opts.n, opts.vec, DTYPES[opts.dtype], tgt, opts.tpr)
 
 
 def _bwd_layout(opts: Options, tgt: Target) -> Layout:
     from .specialize import DTYPES, bwd_layout
 
-    return bwd_layout(opts.n, opts.vec, DTYPES[opts.dtype], tgt)
+    return bwd_layout(opts.n, opts.vec, DTYPES[opts.dtype], tgt, opts.tpr)
 
 
 def _reduce_layout(opts: Options, tgt: Target) -> Layout:

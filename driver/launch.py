@@ -41,6 +41,24 @@ def device_target(index: int) -> str:
     return chip
 
 
+def tpr_overrides() -> dict[tuple[str, int], int]:
+    """NORMIR_TPR parsed: {(kernel, n): threads per row}."""
+    out = {}
+    for item in filter(None, (p.strip() for p in env.TPR.get().split(","))):
+        try:
+            lhs, tpr = item.split("=")
+            kernel, n = lhs.split(":")
+            out[(kernel, int(n))] = int(tpr)
+        except ValueError:
+            raise ValueError(f"NORMIR_TPR item {item!r} is not KERNEL:N=TPR (e.g. rmsnorm_fwd:65536=512)") from None
+    return out
+
+
+def clear_handles() -> None:
+    """Forget loaded kernels' handles (after changing NORMIR_TPR, say); modules stay loaded."""
+    _handles.clear()
+
+
 def handle(kernel: str, device: int, n: int, dtype: str, wdtype: str, eps: float, has_weight: bool,
            store_rstd: bool, vec: int, atomic_dw: bool = False) -> tuple[runtime.LaunchHandle, Layout]:
     key = (kernel, device, n, dtype, wdtype, eps, has_weight, store_rstd, vec, atomic_dw)
@@ -52,7 +70,8 @@ def handle(kernel: str, device: int, n: int, dtype: str, wdtype: str, eps: float
         if hit is None:
             opts = Options(kernel=kernel, n=n, dtype=dtype, wdtype=wdtype, eps=eps,
                            target=device_target(device), has_weight=has_weight,
-                           store_rstd=store_rstd, vec=vec, atomic_dw=atomic_dw)
+                           store_rstd=store_rstd, vec=vec, atomic_dw=atomic_dw,
+                           tpr=tpr_overrides().get((kernel, n), 0))
             binary = library.get_binary(opts)
             drv = runtime.driver(vendor())
             fn = drv.function(device, binary.key, binary.data, binary.entry)
@@ -79,6 +98,8 @@ def vector_width(n: int, elem_bytes: int, pointers_and_bytes: tuple[tuple[int, i
     a tensor's alignment must cover vec * its element size (capped at 16 bytes).
     """
     vec = MAX_VECTOR_BYTES // elem_bytes
+    if n % vec == 0 and all(s % vec == 0 for s in strides) and all(p % MAX_VECTOR_BYTES == 0 for p, _ in pointers_and_bytes):
+        return vec  # the common case: everything 16-byte aligned
     while vec > 1:
         if n % vec == 0 and all(s % vec == 0 for s in strides) and all(
             p % min(MAX_VECTOR_BYTES, vec * b) == 0 for p, b in pointers_and_bytes

@@ -21,6 +21,7 @@ MAX_VECTOR_BYTES = 16
 FLT_MIN = 1.1754943508222875e-38
 MAX_THREADS = 1024
 REDUCE_CT, REDUCE_RT = 8, 32
+BWD_OVERHEAD_REGS = 36  # six pointers, three strides and the persistent loop's state
 ROWS_BLOCK = 256  # block size when several rows share a block
 
 _PLACEHOLDER = re.compile(r"\$\{([A-Z_][A-Z0-9_]*)\}")
@@ -49,6 +50,7 @@ class Layout:
     cache_row: bool  # row kept in registers between passes
     warp: int
     prefetch_w: bool = False  # weight chunks loaded before the reduction (registers permitting)
+    dw_regs: bool = False  # backward: dw sums kept in registers across the persistent loop
 
     @property
     def block(self) -> int:
@@ -60,33 +62,54 @@ class Layout:
 
     @property
     def unroll_limit(self) -> int:
-        """Unroll the chunk loops fully only when the row lives in registers."""
-        return targets.UNROLL_LIMIT if self.cache_row else 0
+        """Unroll the chunk loops fully only when a private array must become registers."""
+        return targets.UNROLL_LIMIT if (self.cache_row or self.dw_regs or self.prefetch_w) else 0
 
 
 def _pow2_ceil(x: int) -> int:
     return 1 << max(0, (x - 1).bit_length())
 
 
-def bwd_layout(n: int, vec: int, elem_bytes: int, tgt: targets.Target) -> Layout:
-    """The backward's row layout: about 16 elements per thread (8 in fp32). Register mode when
-    x, dy and the dw sums of a thread (as fp32) fit the target's register budget for the block;
-    longer rows take the streaming mode. w joins them when it fits too."""
+def _forced(nchunk: int, tpr: int, warp: int) -> tuple[int, int]:
+    """(tpr, rows) for an explicitly chosen threads-per-row."""
+    return tpr, (max(1, ROWS_BLOCK // tpr) if tpr <= warp else 1)
+
+
+def bwd_layout(n: int, vec: int, elem_bytes: int, tgt: targets.Target, tpr: int = 0) -> Layout:
+    """The backward's row layout, from H200 measurements (docs/results/*tune*):
+
+    - short rows (<= 256 chunks): 2 chunks per thread, x and dy kept in registers;
+    - longer rows: 4 chunks per thread, and only the fp32 dw sums stay in registers across the
+      persistent loop; the second pass reads x and dy again (they are still in L1/L2). Fewer
+      live registers buy more resident threads, which beat the saved re-read by 5-15%;
+    - past 1024 threads the row goes to 512 threads with more chunks while the dw sums fit,
+      else to 1024 threads with the sums in memory (read-modify-write per row).
+    """
     warp = tgt.warp
     nchunk = n // vec
-    k_target = max(1, (16 if elem_bytes == 2 else 8) // vec)
-    if nchunk <= warp * k_target:
+    short = nchunk <= 256
+    k_target = 2 if short else 4
+    if tpr:
+        tpr, rows = _forced(nchunk, tpr, warp)
+    elif nchunk <= warp * k_target:
         tpr = min(warp, _pow2_ceil(math.ceil(nchunk / k_target)))
         rows = max(1, ROWS_BLOCK // tpr)
     else:
         tpr = min(MAX_THREADS, -(-math.ceil(nchunk / k_target) // warp) * warp)
         rows = 1
+
+        def dw_fits(t: int) -> bool:
+            return -(-nchunk // t) * vec * 4 <= tgt.reg_budget_bytes(t, BWD_OVERHEAD_REGS)
+
+        half = MAX_THREADS // 2
+        if not dw_fits(tpr) and tpr > half and dw_fits(half):
+            tpr = half
     k = -(-nchunk // tpr)
-    budget = tgt.reg_budget_bytes(tpr * rows)
-    reg_mode = k * vec * 12 <= budget
-    prefetch_w = reg_mode and k * vec * 16 <= budget
+    budget = tgt.reg_budget_bytes(tpr * rows, overhead_regs=BWD_OVERHEAD_REGS)
+    dw_regs = k * vec * 4 <= budget
+    cache_row = short and k * vec * 12 <= budget
     return Layout(vec=vec, tpr=tpr, rows=rows, k=k, kfull=nchunk // tpr, nchunk=nchunk,
-                  cache_row=reg_mode, warp=warp, prefetch_w=prefetch_w)
+                  cache_row=cache_row, warp=warp, prefetch_w=False, dw_regs=dw_regs)
 
 
 def reduce_layout(n: int, vec: int, warp: int) -> Layout:
@@ -95,22 +118,25 @@ def reduce_layout(n: int, vec: int, warp: int) -> Layout:
                   cache_row=False, warp=warp)
 
 
-def row_layout(n: int, vec: int, elem_bytes: int, tgt: targets.Target) -> Layout:
+def row_layout(n: int, vec: int, elem_bytes: int, tgt: targets.Target, tpr: int = 0) -> Layout:
     """Pick threads per row and chunks per thread for a row of n elements.
 
-    Rows of at most 8 chunks per lane of one warp share a block (several rows per block, no
-    barrier in the reduction); longer rows get one block of up to 1024 threads with about 4
-    (8 for very long rows) 16-byte chunks per thread, enough loads in flight to cover latency.
+    Rows of at most 4 chunks per lane of one warp share a block (several rows per block, no
+    barrier in the reduction); longer rows get one block of up to 1024 threads with 4 (8 past
+    1024 chunks) 16-byte chunks per thread: on the H200, 256 threads x 8 chunks beat 512 x 4 at
+    N=16384, and 512 x 8 beat 1024 x 4 at N=32768 (docs/results/*tune*).
     The row stays in registers (as fp32, as the compiler keeps it) when it fits the target's
     register budget for the block; else the second pass reads it again (mostly from L2).
     """
     warp = tgt.warp
     nchunk = n // vec
-    if nchunk <= warp * 8:
+    if tpr:
+        tpr, rows = _forced(nchunk, tpr, warp)
+    elif nchunk <= warp * 4:
         tpr = min(warp, _pow2_ceil(math.ceil(nchunk / 4)))
         rows = max(1, ROWS_BLOCK // tpr)
     else:
-        k_target = 4 if nchunk <= 4096 else 8
+        k_target = 4 if nchunk <= 1024 else 8
         tpr = min(MAX_THREADS, -(-math.ceil(nchunk / k_target) // warp) * warp)
         rows = 1
     k = -(-nchunk // tpr)
@@ -142,6 +168,7 @@ class Options:
     store_rstd: bool = False
     vec: int = 0  # 0: the widest the row allows
     atomic_dw: bool = False
+    tpr: int = 0  # threads per row; 0: the kernel's layout policy decides (tuning knob)
     layout: Layout = field(init=False, compare=False, repr=False)
 
     def __post_init__(self) -> None:
@@ -162,6 +189,10 @@ class Options:
         if vec & (vec - 1) or vec > widest:
             raise ValueError(f"vec={self.vec} must be a power of two dividing N, at most {widest}")
         object.__setattr__(self, "vec", vec)
+        if self.tpr and not (self.tpr <= MAX_THREADS and (self.tpr % tgt.warp == 0 or (
+                self.tpr < tgt.warp and self.tpr & (self.tpr - 1) == 0))):
+            raise ValueError(f"tpr={self.tpr} must be a power of two below the warp ({tgt.warp}) or a "
+                             f"multiple of it, at most {MAX_THREADS}")
         spec = KERNELS[self.kernel]
         object.__setattr__(self, "layout", spec.layout(self, tgt))
 
@@ -198,13 +229,14 @@ def common_values(opts: Options) -> dict[str, str]:
         "ALIGN": str(lay.vec * eb),
         "W_ALIGN": str(min(MAX_VECTOR_BYTES, lay.vec * wb)),
         "PART_ALIGN": str(min(MAX_VECTOR_BYTES, lay.vec * 4)),
-        "REG_MODE": _bool(lay.cache_row),
+        "DW_REGS": _bool(lay.dw_regs),
         "BLOCK": str(lay.block),
         "ROWS": str(lay.rows),
         "TPR": str(lay.tpr),
         "WPR": str(lay.wpr),
         "MULTI_WARP": _bool(lay.tpr > lay.warp),
         "SHUFFLE_STEPS": str(int(math.log2(min(lay.tpr, lay.warp)))),
+        "WARP_STEPS": str(int(math.log2(lay.warp))),
         "K": str(lay.k),
         "KFULL": str(lay.kfull),
         "NCHUNK": str(lay.nchunk),

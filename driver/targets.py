@@ -30,11 +30,11 @@ class Target:
     isa_suffix: str
     bin_suffix: str
 
-    def reg_budget_bytes(self, block: int) -> int:
-        """Bytes of row data (as fp32) a thread may keep in registers, leaving room for
+    def reg_budget_bytes(self, block: int, overhead_regs: int = 28) -> int:
+        """Bytes of row data (as fp32) a thread may keep in registers, leaving overhead_regs for
         addresses and temporaries, so that one block still fits a multiprocessor unspilled."""
         regs = min(self.max_regs // 2, self.regs_per_sm // block)
-        return 4 * max(0, regs - 28)
+        return 4 * max(0, regs - overhead_regs)
 
     @property
     def is_nvidia(self) -> bool:

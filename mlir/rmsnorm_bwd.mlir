@@ -9,11 +9,12 @@
 //
 // Thread layout as in rmsnorm_fwd.mlir: ${ROWS} rows per block of ${BLOCK} threads, ${TPR} threads
 // per row, ${K} chunks of ${V} elements per thread (chunk k*TPR + lane), the last one masked.
-// REG_MODE: x and dy stay in registers between the two passes, w is loaded once per block, and
-// the dw sums live in registers. Otherwise (rows too long) the second pass reads x and dy again
-// (from L2) and the dw sums accumulate in the block's own partial row in global memory.
+// CACHE_ROW: x and dy stay in registers between the two passes; otherwise (rows too long) the
+// second pass reads them again, mostly from L2. DW_REGS: the dw sums live in registers for the
+// whole persistent loop; otherwise they accumulate in the block's own partial row in global
+// memory (read-modify-write per row, L2-resident). PREFETCH_W: w is loaded once per block.
 //
-// Placeholders: those of rmsnorm_fwd.mlir, plus REG_MODE, PREFETCH_W (w kept in registers), ATOMIC_DW, PART_ALIGN, TRUNC_T, and the atomic-add
+// Placeholders: those of rmsnorm_fwd.mlir, plus DW_REGS, PREFETCH_W, ATOMIC_DW, PART_ALIGN, TRUNC_T, and the atomic-add
 // piece of the target (ATOMIC_PIECE). Arguments: x, w, dy, rstd, dx, dw_part (fp32), rows, the
 // row strides of x, dy and dx (elements), and the grid size.
 module attributes {gpu.container_module} {
@@ -43,7 +44,8 @@ gpu.module @normir [${TARGET}] {
     %nchunk = arith.constant ${NCHUNK} : index
     %rows_per_block = arith.constant ${ROWS} : index
     %has_weight = arith.constant ${HAS_WEIGHT}
-    %reg_mode = arith.constant ${REG_MODE}
+    %cache_row = arith.constant ${CACHE_ROW}
+    %dw_regs = arith.constant ${DW_REGS}
     %w_regs = arith.constant ${PREFETCH_W}
     %atomic_dw = arith.constant ${ATOMIC_DW}
     %inv_n = arith.constant ${INV_N} : f32
@@ -83,7 +85,7 @@ gpu.module @normir [${TARGET}] {
             : (memref<${N}x${WT}>, index, i1, i1) -> vector<${V}xf32>
         vector.store %wf, %wbuf[%k, %c0] : memref<${K}x${V}xf32, #gpu.address_space<private>>, vector<${V}xf32>
       }
-      scf.if %reg_mode {
+      scf.if %dw_regs {
         vector.store %zero_v, %dwbuf[%k, %c0] : memref<${K}x${V}xf32, #gpu.address_space<private>>, vector<${V}xf32>
       }
     }
@@ -123,7 +125,7 @@ gpu.module @normir [${TARGET}] {
         } else {
           scf.yield %zero_t, %zero_t : vector<${V}x${T}>, vector<${V}x${T}>
         }
-        scf.if %reg_mode {
+        scf.if %cache_row {
           vector.store %xv, %xbuf[%k, %c0] : memref<${K}x${V}x${T}, #gpu.address_space<private>>, vector<${V}x${T}>
           vector.store %dyv, %dybuf[%k, %c0] : memref<${K}x${V}x${T}, #gpu.address_space<private>>, vector<${V}x${T}>
         }
@@ -157,7 +159,7 @@ gpu.module @normir [${TARGET}] {
         %in_row = arith.cmpi ult, %chunk, %nchunk : index
         %live_col = arith.ori %always, %in_row : i1
         %live = arith.andi %live_col, %row_valid : i1
-        %xv, %dyv = scf.if %reg_mode -> (vector<${V}x${T}>, vector<${V}x${T}>) {
+        %xv, %dyv = scf.if %cache_row -> (vector<${V}x${T}>, vector<${V}x${T}>) {
           %a = vector.load %xbuf[%k, %c0] : memref<${K}x${V}x${T}, #gpu.address_space<private>>, vector<${V}x${T}>
           %b = vector.load %dybuf[%k, %c0] : memref<${K}x${V}x${T}, #gpu.address_space<private>>, vector<${V}x${T}>
           scf.yield %a, %b : vector<${V}x${T}>, vector<${V}x${T}>
@@ -191,12 +193,12 @@ gpu.module @normir [${TARGET}] {
           vector.store %dxv, %dx[%row, %col] {alignment = ${ALIGN}} : memref<?x${N}x${T}, strided<[?, 1]>>, vector<${V}x${T}>
         }
         scf.if %has_weight {
-          scf.if %reg_mode {
+          scf.if %dw_regs {
             %s = vector.load %dwbuf[%k, %c0] : memref<${K}x${V}xf32, #gpu.address_space<private>>, vector<${V}xf32>
             %s2 = vector.fma %dyf, %x_hat, %s : vector<${V}xf32>
             vector.store %s2, %dwbuf[%k, %c0] : memref<${K}x${V}xf32, #gpu.address_space<private>>, vector<${V}xf32>
           } else {
-            // Stream mode: the slot owns its partial row; the first group initializes it.
+            // dw sums in memory: the slot owns its partial row; the first group initializes it.
             scf.if %live_col {
               %old = scf.if %first_iter -> (vector<${V}xf32>) {
                 scf.yield %zero_v : vector<${V}xf32>
@@ -213,7 +215,7 @@ gpu.module @normir [${TARGET}] {
     }
 
     // Register-mode dw sums leave the block: one partial row per slot, or fp32 atomics.
-    %flush = arith.andi %has_weight, %reg_mode : i1
+    %flush = arith.andi %has_weight, %dw_regs : i1
     scf.if %flush {
       affine.for %k = 0 to ${K} {
         %ck = arith.muli %k, %tpr : index

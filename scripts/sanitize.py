@@ -5,9 +5,8 @@ reduction, atomics) on small M, each checked against the float64 reference.
     compute-sanitizer --tool memcheck python scripts/sanitize.py
 """
 
-import torch
-
 import normir
+import torch
 from normir.ops.rmsnorm import rmsnorm_bwd_ref, rmsnorm_ref
 
 CASES = [(100, torch.bfloat16), (1024, torch.float32), (2880, torch.bfloat16), (4096, torch.float16),

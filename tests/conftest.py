@@ -12,7 +12,7 @@ import tempfile
 import pytest
 
 # Settings that change what a test sees; NORMIR_PTXAS / NORMIR_ROCM_PATH (toolchain location) stay.
-_CLEARED = ("NORMIR_AOT_DIRS", "NORMIR_DUMP_DIR", "NORMIR_NO_COMPILE", "NORMIR_TARGET")
+_CLEARED = ("NORMIR_AOT_DIRS", "NORMIR_DUMP_DIR", "NORMIR_NO_COMPILE", "NORMIR_TARGET", "NORMIR_TPR")
 
 
 @pytest.fixture(autouse=True)

@@ -7,7 +7,6 @@ import re
 from pathlib import Path
 
 import pytest
-
 from normir import cli, compiler, targets
 from normir.kernels import KERNELS
 from normir.specialize import Options, specialize
@@ -183,7 +182,8 @@ def test_stage_pipelines_parse(chip):
             with ir.Context():
                 for pipeline in stages.values():
                     passmanager.PassManager.parse(pipeline)
-            assert compiler.pipeline_text(chip, fmt, limit) == " | ".join(stages.values())
+            key_text = compiler.pipeline_text(chip, fmt, limit)  # part of the cache key
+            assert stages["unroll"] in key_text and stages["llvm"] in key_text and f"format={fmt}" in key_text
     assert "unroll-full-threshold=0" in tgt.stages("isa", 0)["unroll"]
 
 

@@ -7,7 +7,6 @@ import hashlib
 import math
 
 import pytest
-
 from normir import specialize as S
 from normir import targets
 from normir.kernels import KERNELS
@@ -46,6 +45,10 @@ pytestmark = pytest.mark.cpu
         (dict(vec=16), r"^vec=16 must be .* at most 8"),  # 32 bytes of bf16: wider than 16
         (dict(n=1028, vec=8), r"^vec=8 must be .* at most 4"),  # 8 does not divide 1028
         (dict(n=1001, dtype="f32", vec=2), r"^vec=2 .* at most 1"),  # odd N
+        (dict(tpr=48), r"^tpr=48 must be a power of two below the warp \(32\) or a multiple of it"),
+        (dict(tpr=3), r"^tpr=3 must be"),
+        (dict(tpr=96, target="gfx950"), r"^tpr=96 must be .* warp \(64\)"),
+        (dict(tpr=2048), r"^tpr=2048 must be .* at most 1024"),
     ],
 )
 def test_options_rejects(kwargs, match):
@@ -53,6 +56,13 @@ def test_options_rejects(kwargs, match):
     args.update(kwargs)
     with pytest.raises(ValueError, match=match):
         Options(**args)
+
+
+@pytest.mark.xfail(strict=True, reason="bug: Options accepts a negative tpr (-32 % 32 == 0), giving a layout with "
+                                       "negative tpr and k")
+def test_options_rejects_negative_tpr():
+    with pytest.raises(ValueError, match=r"^tpr=-32"):
+        Options(kernel="rmsnorm_fwd", n=1024, tpr=-32)
 
 
 @pytest.mark.xfail(strict=True, reason="bug: Options accepts n=True (bool is an int subclass) as N=1 with key 'n=True'")
@@ -102,15 +112,15 @@ def test_key_string_is_stable_text():
     o = Options(kernel="rmsnorm_fwd", n=4096)
     assert o.key_string() == (
         "kernel='rmsnorm_fwd';n=4096;dtype='bf16';wdtype='bf16';eps=9.999999974752427e-07;target='sm_90';"
-        "has_weight=True;store_rstd=False;vec=8;atomic_dw=False"
+        "has_weight=True;store_rstd=False;vec=8;atomic_dw=False;tpr=0"
     )
     assert o.digest() == hashlib.sha256(o.key_string().encode()).hexdigest()
-    assert o.digest() == "3286d02160a48d5648537be21970d7da6ec8e4b62f56cf13d767d16916d15f88"
+    assert o.digest() == "7c330f1698af9efd9ff5fbbe98e5383f40f6bf46277a033a13d74b33d241d16c"
     assert "layout" not in o.key_string()
 
 
 _ALTERNATIVES = dict(kernel="rmsnorm_bwd", n=2048, dtype="f16", wdtype="f32", eps=1e-5, target="gfx950",
-                     has_weight=False, store_rstd=True, vec=4, atomic_dw=True)
+                     has_weight=False, store_rstd=True, vec=4, atomic_dw=True, tpr=256)
 
 
 def test_alternatives_cover_every_key_field():
@@ -129,47 +139,53 @@ def test_digest_differs_per_field(name):
 
 # ---------------------------------------------------------------------------- layouts
 
-# (target, N, dtype, expected vec, path features). Features read off the layout:
+# (target, N, dtype, expected vec, the path the row is there for). The policy is tuned on hardware
+# and moves rows between paths; each row asserts its vec and the layout invariants, and the table as
+# a whole must keep reaching every path (test_*_table_covers_every_path). Path names:
 #   rows: several rows per block   warps: a row spans several warps   tail: the last chunk round is masked
 #   stream: the row does not fit the register budget (second pass re-reads x)
+#   dwmem (backward only): the dw sums do not fit registers either and accumulate in memory
 FWD_CASES = [
-    ("sm_90", 1, "bf16", 1, {"rows"}),  # N=1: one lane per row, 256 rows per block
+    ("sm_90", 1, "bf16", 1, {"rows"}),  # N=1: one lane per row, many rows per block
     ("sm_90", 7, "bf16", 1, {"rows", "tail"}),  # odd N -> vec 1
-    ("sm_90", 64, "bf16", 8, {"rows"}),  # tiny rows: 2 lanes per row
-    ("sm_90", 100, "bf16", 4, {"rows", "tail"}),  # 8 does not divide 100 -> vec 4; 25 chunks on 8 lanes
-    ("sm_90", 1024, "bf16", 8, {"rows"}),  # one warp per row, 8 rows per block
-    ("sm_90", 2048, "bf16", 8, {"rows"}),  # largest one-warp row on sm_90 (8 chunks per lane)
-    ("gfx950", 2048, "bf16", 8, {"rows"}),  # wave64: 4 rows per block
-    ("gfx950", 2880, "bf16", 8, {"rows", "tail"}),  # wave64 one-warp row with a tail chunk
-    ("sm_90", 2880, "bf16", 8, {"warps", "tail"}),  # 3 warps per row, 360 chunks on 96 lanes
+    ("sm_90", 64, "bf16", 8, {"rows"}),  # tiny rows: a few lanes per row
+    ("sm_90", 100, "bf16", 4, {"rows", "tail"}),  # 8 does not divide 100 -> vec 4; 25 chunks
+    ("sm_90", 1024, "bf16", 8, {"rows"}),  # one warp per row, several rows per block
+    ("sm_90", 2048, "bf16", 8, {"rows"}),  # several rows per block (N <= 2048) or 2 warps
+    ("gfx950", 2048, "bf16", 8, {"rows"}),  # wave64: one warp per row
+    ("gfx950", 2880, "bf16", 8, {"tail"}),  # gpt-oss hidden size: 360 chunks, a masked last round
+    ("sm_90", 2880, "bf16", 8, {"warps", "tail"}),  # multi-warp row with a tail chunk
     ("sm_90", 4096, "bf16", 8, {"warps"}),  # multi-warp, exact
-    ("gfx950", 5120, "bf16", 8, {"warps", "tail"}),  # 640 chunks on 192 lanes
-    ("gfx950", 7168, "bf16", 8, {"warps", "tail"}),  # 896 chunks on 256 lanes
-    ("sm_90", 7168, "bf16", 8, {"warps"}),  # 896 chunks on 224 lanes: exact on sm_90
+    ("gfx950", 5120, "bf16", 8, {"warps", "tail"}),  # tail chunk
+    ("gfx950", 7168, "bf16", 8, {"warps", "tail"}),  # tail chunk (DeepSeek hidden size)
+    ("sm_90", 7168, "bf16", 8, {"warps"}),  # 896 chunks
     ("sm_90", 4097, "f32", 1, {"warps", "tail"}),  # odd N, multi-warp, vec 1
     ("sm_90", 8192, "f32", 4, {"warps"}),  # f32: 4 elements per 16 bytes
-    ("sm_90", 65536, "bf16", 8, {"warps", "stream"}),  # 1024 threads x 64 elements: over sm_90's budget
-    ("gfx950", 65536, "bf16", 8, {"warps"}),  # gfx950's register file keeps the same row
-    ("sm_90", MAX_N, "f32", 4, {"warps", "stream"}),  # the longest row: 256 chunks per thread
+    ("sm_90", 65536, "bf16", 8, {"warps", "stream"}),  # 64 elements per thread: over sm_90's register budget
+    ("gfx950", 65536, "bf16", 8, {"warps"}),  # gfx950's larger register file
+    ("sm_90", MAX_N, "f32", 4, {"warps", "stream"}),  # the longest row: hundreds of chunks per thread
 ]
 
 BWD_CASES = [
-    ("sm_90", 7, "bf16", 1, {"rows"}),  # odd N -> vec 1, one lane per row
+    ("sm_90", 7, "bf16", 1, {"rows"}),  # odd N -> vec 1, a few lanes per row
     ("sm_90", 64, "bf16", 8, {"rows"}),  # several rows per block
     ("sm_90", 100, "bf16", 4, {"rows", "tail"}),  # vec 4 with a masked last round
-    ("gfx950", 1024, "bf16", 8, {"rows"}),  # wave64: one warp per row, 4 rows
-    ("sm_90", 1024, "bf16", 8, {"warps"}),  # 2 warps per row on sm_90
+    ("gfx950", 1024, "bf16", 8, {"rows"}),  # wave64
+    ("sm_90", 1024, "bf16", 8, {"warps"}),
     ("sm_90", 2880, "bf16", 8, {"warps", "tail"}),  # tail chunk
-    ("sm_90", 8192, "f32", 4, {"warps"}),  # f32: 8 elements per thread
-    ("sm_90", 16384, "bf16", 8, {"warps", "stream"}),  # x, dy and dw sums exceed sm_90's budget
-    ("gfx950", 16384, "bf16", 8, {"warps"}),  # ... but fit gfx950's
-    ("sm_90", 65536, "bf16", 8, {"warps", "stream"}),  # long rows stream on both
-    ("gfx950", 65536, "bf16", 8, {"warps", "stream"}),
+    ("sm_90", 8192, "f32", 4, {"warps"}),  # f32
+    ("sm_90", 16384, "bf16", 8, {"warps", "stream"}),  # x and dy re-read, dw sums in registers
+    ("gfx950", 16384, "bf16", 8, {"warps"}),
+    ("sm_90", 65536, "bf16", 8, {"warps", "stream", "dwmem"}),  # dw sums in memory too
+    ("gfx950", 65536, "bf16", 8, {"warps", "stream"}),  # gfx950 still holds the dw sums
+    ("sm_90", MAX_N, "f32", 4, {"warps", "stream", "dwmem"}),  # the longest row
 ]
 
 
-def _features(lay: S.Layout) -> set[str]:
+def _features(lay: S.Layout, backward: bool = False) -> set[str]:
     f = set()
+    if backward and not lay.dw_regs:
+        f.add("dwmem")
     if lay.rows > 1:
         f.add("rows")
     if lay.tpr > lay.warp:
@@ -199,23 +215,71 @@ def _check_invariants(o: Options) -> None:
         assert lay.rows == 1 and lay.tpr % lay.warp == 0 and lay.wpr == lay.tpr // lay.warp
     if lay.prefetch_w:
         assert lay.cache_row
-    assert lay.unroll_limit == (targets.UNROLL_LIMIT if lay.cache_row else 0)
+    if o.kernel == "rmsnorm_bwd" and lay.cache_row:
+        assert lay.dw_regs, "x and dy in registers but not the (smaller) dw sums"
+    # A private array (row cache, dw sums, weight) becomes registers only when its loops unroll.
+    private = lay.cache_row or lay.prefetch_w or (o.kernel == "rmsnorm_bwd" and lay.dw_regs)
+    assert lay.unroll_limit == (targets.UNROLL_LIMIT if private else 0)
 
 
-@pytest.mark.parametrize("target, n, dtype, vec, features", FWD_CASES)
-def test_row_layout(target, n, dtype, vec, features):
-    o = Options(kernel="rmsnorm_fwd", n=n, dtype=dtype, wdtype=dtype, target=target)
+def _layout(kernel: str, target: str, n: int, dtype: str) -> S.Layout:
+    o = Options(kernel=kernel, n=n, dtype=dtype, wdtype=dtype, target=target)
     _check_invariants(o)
-    assert o.layout.vec == vec
-    assert _features(o.layout) == features
+    return o.layout
 
 
-@pytest.mark.parametrize("target, n, dtype, vec, features", BWD_CASES)
-def test_bwd_layout(target, n, dtype, vec, features):
-    o = Options(kernel="rmsnorm_bwd", n=n, dtype=dtype, wdtype=dtype, target=target)
-    _check_invariants(o)
-    assert o.layout.vec == vec
-    assert _features(o.layout) == features
+@pytest.mark.parametrize("target, n, dtype, vec, path", FWD_CASES)
+def test_row_layout(target, n, dtype, vec, path):
+    assert _layout("rmsnorm_fwd", target, n, dtype).vec == vec
+
+
+@pytest.mark.parametrize("target, n, dtype, vec, path", BWD_CASES)
+def test_bwd_layout(target, n, dtype, vec, path):
+    assert _layout("rmsnorm_bwd", target, n, dtype).vec == vec
+
+
+@pytest.mark.parametrize("kernel, cases, paths", [
+    ("rmsnorm_fwd", FWD_CASES, {"rows", "warps", "tail", "stream"}),
+    ("rmsnorm_bwd", BWD_CASES, {"rows", "warps", "tail", "stream", "dwmem"}),
+])
+def test_table_covers_every_path(kernel, cases, paths):
+    reached = set()
+    for target, n, dtype, _, _ in cases:
+        reached |= _features(_layout(kernel, target, n, dtype), backward=kernel == "rmsnorm_bwd")
+    assert reached == paths, f"no table row takes the {sorted(paths - reached)} path any more: add one"
+    # ... and register mode too, with and without a row tail.
+    modes = {(_layout(kernel, t, n, d).cache_row, _features(_layout(kernel, t, n, d)) >= {"tail"})
+             for t, n, d, _, _ in cases}
+    assert (True, True) in modes and (True, False) in modes
+
+
+@pytest.mark.parametrize("kernel", ["rmsnorm_fwd", "rmsnorm_bwd"])
+def test_layout_paths_that_follow_from_the_hardware(kernel):
+    # Tiny rows share a block; a row of 64 elements per thread (and the longest row) cannot stay in
+    # sm_90's registers at 1024 threads; the backward's dw sums of the longest row do not fit either.
+    for n in (1, 7, 64):
+        assert _layout(kernel, "sm_90", n, "bf16").rows > 1
+    if kernel == "rmsnorm_fwd":
+        assert not _layout(kernel, "sm_90", 65536, "bf16").cache_row
+    for target in targets.PRIMARY:
+        lay = _layout(kernel, target, MAX_N, "f32")
+        assert not lay.cache_row and lay.tpr > lay.warp
+        if kernel == "rmsnorm_bwd":
+            assert not lay.dw_regs
+
+
+@pytest.mark.parametrize("kernel", ["rmsnorm_fwd", "rmsnorm_bwd"])
+@pytest.mark.parametrize("target", targets.PRIMARY)
+def test_forced_tpr(kernel, target):
+    warp = targets.get(target).warp
+    for n in (1, 100, 2880, 4096, 65536):
+        for tpr in (1, 8, warp // 2, warp, 3 * warp, 1024):
+            o = Options(kernel=kernel, n=n, target=target, tpr=tpr)
+            assert o.layout.tpr == tpr
+            assert (o.layout.rows > 1) == (tpr <= warp)
+            _check_invariants(o)
+    # The default and an explicit tpr are different binaries.
+    assert Options(kernel=kernel, n=4096, tpr=256).digest() != Options(kernel=kernel, n=4096).digest()
 
 
 @pytest.mark.parametrize("kernel", ["rmsnorm_fwd", "rmsnorm_bwd"])

@@ -42,20 +42,23 @@ def check_weight(weight: torch.Tensor | None, x: torch.Tensor, n: int, name: str
         return None
     if not isinstance(weight, torch.Tensor):
         raise TypeError(f"{name} must be a torch.Tensor or None, got {type(weight).__name__}")
-    if weight.device != x.device:
+    if weight.get_device() != x.get_device():
         raise ValueError(f"{name} is on {weight.device} but x is on {x.device}; put both on one device")
     if weight.dtype not in (x.dtype, torch.float32):
         raise TypeError(f"{name} has dtype {weight.dtype}; it must match x ({x.dtype}) or be torch.float32")
     if weight.dim() != 1 or weight.shape[0] != n:
         raise ValueError(f"{name} has shape {tuple(weight.shape)}; it must be ({n},), the size of x's last dim")
-    return weight.contiguous()  # a strided weight is copied (N elements, cheap)
+    return weight if weight.is_contiguous() else weight.contiguous()  # a strided weight is copied (N elements)
 
 
 def rows_of(t: torch.Tensor) -> tuple[torch.Tensor, int]:
     """(M, N) view of t and its row stride in elements. Rows may be strided (any row pitch);
     a last dimension that is not contiguous, or leading dims that cannot be flattened into
-    one strided dimension, are copied first."""
+    one strided dimension, are copied first. A contiguous t is returned as it is (the kernels
+    only use its pointer, the row count and the stride)."""
     n = t.shape[-1]
+    if t.is_contiguous():
+        return t, n
     if t.stride(-1) != 1 and n > 1:
         t = t.contiguous()
     try:
@@ -64,6 +67,9 @@ def rows_of(t: torch.Tensor) -> tuple[torch.Tensor, int]:
         t2 = t.reshape(-1, n).contiguous()
     stride = t2.stride(0) if t2.shape[0] > 1 else n
     return t2, stride
+
+
+_current_device = getattr(torch._C, "_cuda_getDevice", None) or torch.cuda.current_device
 
 
 @cache
@@ -80,7 +86,7 @@ class _on_device:
         self.dev = dev
 
     def __enter__(self):
-        self.prev = torch.cuda.current_device()
+        self.prev = _current_device()
         if self.prev != self.dev:
             torch.cuda.set_device(self.dev)
 
@@ -104,22 +110,23 @@ def rmsnorm_fwd(x: torch.Tensor, weight: torch.Tensor | None = None, eps: float 
     n = x.shape[-1]
     w = check_weight(weight, x, n)
     x2, xs = rows_of(x)
-    m = x2.shape[0]
-    y = torch.empty((m, n), dtype=x.dtype, device=x.device)
-    rstd = torch.empty((m,), dtype=torch.float32, device=x.device) if store_rstd else None
+    m = x2.numel() // n
+    y = torch.empty(x.shape, dtype=x.dtype, device=x.device)
+    rstd = torch.empty(x.shape[:-1], dtype=torch.float32, device=x.device) if store_rstd else None
     if m:
-        dev = x.device.index
+        dev = x.get_device()
         eb = x.element_size()
-        ptrs = ((x2.data_ptr(), eb), (y.data_ptr(), eb))
-        if w is not None:
-            ptrs += ((w.data_ptr(), w.element_size()),)
-        vec = L.vector_width(n, eb, ptrs, (xs,))
+        wp = w.data_ptr() if w is not None else 0
+        vec = L.vector_width(n, eb, ((x2.data_ptr(), eb), (y.data_ptr(), eb), (wp, w.element_size() if wp else 1)), (xs,))
         wdt = L.TORCH_DTYPES[w.dtype] if w is not None else dt
-        with _on_device(dev):
-            h, lay = L.handle("rmsnorm_fwd", dev, n, dt, wdt, eps, w is not None, store_rstd, vec)
-            h.launch(-(-m // lay.rows), L.stream(dev), x2.data_ptr(), w.data_ptr() if w is not None else 0,
-                     y.data_ptr(), rstd.data_ptr() if rstd is not None else 0, m, xs, n)
-    return y.view(x.shape), (rstd.view(x.shape[:-1]) if rstd is not None else None)
+        h, lay = L.handle("rmsnorm_fwd", dev, n, dt, wdt, eps, w is not None, store_rstd, vec)
+        args = (x2.data_ptr(), wp, y.data_ptr(), rstd.data_ptr() if rstd is not None else 0, m, xs, n)
+        if _current_device() == dev:
+            h.launch(-(-m // lay.rows), L.stream(dev), *args)
+        else:
+            with _on_device(dev):
+                h.launch(-(-m // lay.rows), L.stream(dev), *args)
+    return y, rstd
 
 
 BWD_KEY_EPS = 1e-6  # the backward does not use eps; one value keeps one binary per shape
@@ -147,7 +154,7 @@ def rmsnorm_bwd(x: torch.Tensor, weight: torch.Tensor | None, dy: torch.Tensor, 
     x2, xs = rows_of(x)
     dy2, dys = rows_of(dy)
     rstd = rstd.contiguous().view(-1)
-    m = x2.shape[0]
+    m = x2.numel() // n
     dx = torch.empty((m, n), dtype=x.dtype, device=x.device)
     dw = None if w is None else torch.empty((n,), dtype=w.dtype, device=x.device)
     if m == 0:
@@ -163,9 +170,9 @@ def rmsnorm_bwd(x: torch.Tensor, weight: torch.Tensor | None, dy: torch.Tensor, 
     wdt = L.TORCH_DTYPES[w.dtype] if w is not None else dt
     with _on_device(dev):
         h, lay = L.handle("rmsnorm_bwd", dev, n, dt, wdt, BWD_KEY_EPS, w is not None, False, vec, atomic_dw)
-        if atomic_dw and not lay.cache_row:
-            raise ValueError(f"atomic_dw=True needs rows that fit the register mode; N={n} in {x.dtype} "
-                             "takes the streaming mode: use the default atomic_dw=False")
+        if atomic_dw and not lay.dw_regs:
+            raise ValueError(f"atomic_dw=True needs the dw sums in registers; N={n} in {x.dtype} keeps "
+                             "them in memory: use the default atomic_dw=False")
         groups = -(-m // lay.rows)
         grid = min(groups, _sm_count(dev) * h.blocks_per_sm)
         stream = L.stream(dev)

@@ -1,0 +1,333 @@
+"""The ctypes loader without a GPU: opening a missing driver library, and the CUDA/HIP code paths
+driven through fake driver libraries (return codes, out-parameters, error strings, launch storage)."""
+
+from __future__ import annotations
+
+import ctypes
+
+import pytest
+from normir import runtime
+from normir.runtime import Driver, DriverError, LaunchHandle
+
+pytestmark = pytest.mark.cpu
+
+
+def _loadable(names: tuple[str, ...]) -> bool:
+    for n in names:
+        try:
+            ctypes.CDLL(n)
+            return True
+        except OSError:
+            pass
+    return False
+
+
+# ---------------------------------------------------------------------------- fake driver libraries
+
+
+def _set_out(ref, value) -> None:
+    """Write through a ctypes.byref(...) out-parameter, as the C function would."""
+    ref._obj.value = value
+
+
+class FakeFn:
+    def __init__(self, lib: FakeLib, name: str):
+        self.lib, self.name = lib, name
+        self.argtypes = None
+        self.restype = None
+
+    def __call__(self, *args):
+        self.lib.calls.append((self.name, args))
+        return getattr(self.lib, "_" + self.name)(*args)
+
+
+class FakeLib:
+    """Just the symbols normir uses; an unknown symbol is an AttributeError, as with a real CDLL."""
+
+    SYMBOLS: tuple[str, ...] = ()
+
+    def __init__(self, **codes: int):
+        self.codes = codes  # symbol -> return code (default 0)
+        self.calls: list[tuple[str, tuple]] = []
+        self.fns = {n: FakeFn(self, n) for n in self.SYMBOLS}
+        self.launches: list[dict] = []
+        self.occupancy_value = 3
+        self.next_handle = 0x1000
+
+    def __getattr__(self, name):
+        fns = self.__dict__.get("fns", {})
+        if name in fns:
+            return fns[name]
+        raise AttributeError(name)
+
+    def called(self, name: str) -> list[tuple]:
+        return [args for n, args in self.calls if n == name]
+
+    def code(self, name: str) -> int:
+        return self.codes.get(name, 0)
+
+    def _handle(self) -> int:
+        self.next_handle += 0x10
+        return self.next_handle
+
+    def _record_launch(self, fn, gx, gy, gz, bx, by, bz, shmem, stream, params, extra, n_args=None):
+        self.launches.append(dict(fn=fn, grid=(gx, gy, gz), block=(bx, by, bz), shmem=shmem, stream=stream,
+                                  params=ctypes.addressof(params), extra=extra,
+                                  values=[ctypes.c_uint64.from_address(params[i]).value for i in range(len(params))]))
+
+
+MESSAGES = {100: "no CUDA-capable device is detected", 218: "a PTX JIT compilation failed",
+            700: "an illegal memory access was encountered"}
+
+
+class FakeCuda(FakeLib):
+    SYMBOLS = ("cuInit", "cuModuleLoadData", "cuModuleGetFunction", "cuLaunchKernel", "cuGetErrorString",
+               "cuDeviceGet", "cuDevicePrimaryCtxRetain", "cuCtxSetCurrent",
+               "cuOccupancyMaxActiveBlocksPerMultiprocessor")
+
+    def _cuInit(self, flags):
+        return self.code("cuInit")
+
+    def _cuModuleLoadData(self, mod, data):
+        if not self.code("cuModuleLoadData"):
+            _set_out(mod, self._handle())
+        return self.code("cuModuleLoadData")
+
+    def _cuModuleGetFunction(self, fn, mod, name):
+        _set_out(fn, self._handle())
+        return self.code("cuModuleGetFunction")
+
+    def _cuLaunchKernel(self, *args):
+        self._record_launch(*args)
+        return self.code("cuLaunchKernel")
+
+    def _cuGetErrorString(self, code, msg):
+        if code not in MESSAGES:
+            return 1  # CUDA_ERROR_INVALID_VALUE
+        _set_out(msg, MESSAGES[code].encode())
+        return 0
+
+    def _cuDeviceGet(self, dev, ordinal):
+        _set_out(dev, ordinal)
+        return self.code("cuDeviceGet")
+
+    def _cuDevicePrimaryCtxRetain(self, ctx, dev):
+        _set_out(ctx, 0xC0 + dev.value)
+        return self.code("cuDevicePrimaryCtxRetain")
+
+    def _cuCtxSetCurrent(self, ctx):
+        return self.code("cuCtxSetCurrent")
+
+    def _cuOccupancyMaxActiveBlocksPerMultiprocessor(self, n, fn, block, smem):
+        _set_out(n, self.occupancy_value)
+        return self.code("cuOccupancyMaxActiveBlocksPerMultiprocessor")
+
+
+class FakeHip(FakeLib):
+    SYMBOLS = ("hipInit", "hipModuleLoadData", "hipModuleGetFunction", "hipModuleLaunchKernel",
+               "hipGetErrorString", "hipDeviceGet", "hipSetDevice",
+               "hipModuleOccupancyMaxActiveBlocksPerMultiprocessor")
+
+    def _hipInit(self, flags):
+        return self.code("hipInit")
+
+    def _hipModuleLoadData(self, mod, data):
+        _set_out(mod, self._handle())
+        return self.code("hipModuleLoadData")
+
+    def _hipModuleGetFunction(self, fn, mod, name):
+        _set_out(fn, self._handle())
+        return self.code("hipModuleGetFunction")
+
+    def _hipModuleLaunchKernel(self, *args):
+        self._record_launch(*args)
+        return self.code("hipModuleLaunchKernel")
+
+    def _hipGetErrorString(self, code):
+        return {1: b"hipErrorInvalidValue", 719: b"hipErrorLaunchFailure"}.get(code)
+
+    def _hipDeviceGet(self, dev, ordinal):
+        return 0
+
+    def _hipSetDevice(self, device):
+        return self.code("hipSetDevice")
+
+    def _hipModuleOccupancyMaxActiveBlocksPerMultiprocessor(self, n, fn, block, smem):
+        _set_out(n, self.occupancy_value)
+        return 0
+
+
+# ---------------------------------------------------------------------------- opening the library
+
+
+@pytest.mark.parametrize("vendor, lib", [("cuda", "libcuda.so.1"), ("hip", "libamdhip64.so")])
+def test_missing_driver_library(vendor, lib):
+    if _loadable(runtime._SYMBOLS[vendor]["lib"]):
+        pytest.skip(f"{lib} is installed on this machine")
+    with pytest.raises(DriverError, match=r"cannot open the GPU driver library") as e:
+        Driver(vendor)
+    assert lib in str(e.value)
+    assert "LD_LIBRARY_PATH" in str(e.value)
+
+
+def test_driver_singleton_not_cached_on_failure(monkeypatch):
+    if _loadable(runtime._SYMBOLS["cuda"]["lib"]):
+        pytest.skip("libcuda is installed on this machine")
+    monkeypatch.setattr(runtime, "_drivers", {})
+    with pytest.raises(DriverError):
+        runtime.driver("cuda")
+    assert runtime._drivers == {}
+
+
+def test_unknown_vendor():
+    with pytest.raises(ValueError, match=r"vendor 'nope': choose 'cuda' or 'hip'"):
+        Driver("nope")
+    with pytest.raises(ValueError, match="vendor 'nope'"):
+        Driver("nope", lib=FakeCuda())
+
+
+def test_fake_libs_cover_the_symbol_tables():
+    for vendor, fake in (("cuda", FakeCuda), ("hip", FakeHip)):
+        names = {v for k, v in runtime._SYMBOLS[vendor].items() if k != "lib" and v}
+        assert names <= set(fake.SYMBOLS), names - set(fake.SYMBOLS)
+
+
+# ---------------------------------------------------------------------------- CUDA through the fake
+
+
+def test_cuda_init_and_signatures():
+    lib = FakeCuda()
+    d = Driver("cuda", lib=lib)
+    assert lib.called("cuInit") == [(0,)]
+    assert lib.cuModuleLoadData.restype is ctypes.c_int
+    assert lib.cuModuleLoadData.argtypes[1] is ctypes.c_char_p
+    assert lib.cuGetErrorString.argtypes == [ctypes.c_int, ctypes.POINTER(ctypes.c_char_p)]
+    assert len(lib.cuLaunchKernel.argtypes) == 11
+    assert d.error_string(700) == "an illegal memory access was encountered"
+    assert d.error_string(12345) == "unknown error"  # cuGetErrorString itself failed
+
+
+def test_cuda_init_failure_carries_driver_message():
+    with pytest.raises(DriverError, match=r"^cuInit failed with error 100: no CUDA-capable device is detected$"):
+        Driver("cuda", lib=FakeCuda(cuInit=100))
+
+
+def test_cuda_function_loads_module_once():
+    lib = FakeCuda()
+    d = Driver("cuda", lib=lib)
+    f1 = d.function(1, "key-a", b"cubin-a", "rmsnorm_fwd")
+    f2 = d.function(1, "key-a", b"cubin-a", "rmsnorm_fwd")
+    assert f1.value and f2.value
+    assert len(lib.called("cuModuleLoadData")) == 1
+    assert lib.called("cuModuleLoadData")[0][1] == b"cubin-a"
+    assert [args[2] for args in lib.called("cuModuleGetFunction")] == [b"rmsnorm_fwd", b"rmsnorm_fwd"]
+    # The primary context of device 1 was made current before loading.
+    assert lib.called("cuDeviceGet")[0][1] == 1
+    assert lib.called("cuCtxSetCurrent")[0][0].value == 0xC1
+    # Another device or another binary: another module.
+    d.function(0, "key-a", b"cubin-a", "rmsnorm_fwd")
+    d.function(1, "key-b", b"cubin-b", "rmsnorm_bwd")
+    assert len(lib.called("cuModuleLoadData")) == 3
+
+
+def test_cuda_load_failure_is_not_cached():
+    lib = FakeCuda(cuModuleLoadData=218)
+    d = Driver("cuda", lib=lib)
+    with pytest.raises(DriverError, match=r"^cuModuleLoadData \(rmsnorm_fwd\) failed with error 218: "
+                                          r"a PTX JIT compilation failed$"):
+        d.function(0, "k", b"bad", "rmsnorm_fwd")
+    lib.codes.clear()
+    assert d.function(0, "k", b"good", "rmsnorm_fwd").value
+    assert len(lib.called("cuModuleLoadData")) == 2
+
+
+def test_cuda_context_failure():
+    d = Driver("cuda", lib=FakeCuda(cuDevicePrimaryCtxRetain=100))
+    with pytest.raises(DriverError, match=r"^cuDevicePrimaryCtxRetain failed with error 100"):
+        d.function(0, "k", b"x", "rmsnorm_fwd")
+
+
+def _handle(lib: FakeLib, vendor: str = "cuda", args=("p", "p", "q")) -> LaunchHandle:
+    d = Driver(vendor, lib=lib)
+    fn = d.function(0, "k", b"bin", "rmsnorm_fwd")
+    return LaunchHandle(d, fn, "rmsnorm_fwd", 256, args)
+
+
+def test_launch_passes_arguments_in_place():
+    lib = FakeCuda()
+    h = _handle(lib)
+    assert h.blocks_per_sm == 3
+    occ = lib.called("cuOccupancyMaxActiveBlocksPerMultiprocessor")
+    assert occ[0][2:] == (256, 0)
+    h.launch(7, 0xABC, 0x7F0000001000, 0, 1 << 40)
+    h.launch(9, 0, 0x7F0000002000, 0x7F0000003000, 5)
+    first, second = lib.launches
+    assert first["grid"] == (7, 1, 1) and first["block"] == (256, 1, 1) and first["shmem"] == 0
+    assert first["stream"] == 0xABC and first["extra"] is None
+    assert first["values"] == [0x7F0000001000, 0, 1 << 40]
+    assert second["grid"] == (9, 1, 1)
+    assert second["values"] == [0x7F0000002000, 0x7F0000003000, 5]
+    assert first["params"] == second["params"]  # one argument block, updated in place
+
+
+def test_launch_negative_int64():
+    lib = FakeCuda()
+    h = _handle(lib, args=("q",))
+    h.launch(1, 0, -1)
+    assert lib.launches[0]["values"] == [(1 << 64) - 1]
+
+
+@pytest.mark.parametrize("grid", [0, -3])
+def test_launch_empty_grid_does_nothing(grid):
+    lib = FakeCuda(cuLaunchKernel=700)
+    h = _handle(lib)
+    h.launch(grid, 0, 1, 2, 3)
+    assert lib.called("cuLaunchKernel") == [] and lib.launches == []
+
+
+def test_launch_error_carries_driver_message():
+    lib = FakeCuda(cuLaunchKernel=700)
+    h = _handle(lib)
+    with pytest.raises(DriverError) as e:
+        h.launch(5, 0, 1, 2, 3)
+    assert str(e.value) == ("cuLaunchKernel (rmsnorm_fwd, grid 5, block 256) failed with error 700: "
+                            "an illegal memory access was encountered")
+
+
+def test_occupancy_at_least_one():
+    lib = FakeCuda()
+    lib.occupancy_value = 0
+    assert _handle(lib).blocks_per_sm == 1
+
+
+def test_occupancy_failure():
+    with pytest.raises(DriverError, match=r"^cuOccupancyMaxActiveBlocksPerMultiprocessor failed with error 700"):
+        _handle(FakeCuda(cuOccupancyMaxActiveBlocksPerMultiprocessor=700))
+
+
+# ---------------------------------------------------------------------------- HIP through the fake
+
+
+def test_hip_paths():
+    lib = FakeHip()
+    d = Driver("hip", lib=lib)
+    assert lib.hipGetErrorString.restype is ctypes.c_char_p
+    assert d.error_string(719) == "hipErrorLaunchFailure"
+    assert d.error_string(4242) == "unknown error"  # NULL from hipGetErrorString
+    h = LaunchHandle(d, d.function(2, "k", b"hsaco", "rmsnorm_fwd"), "rmsnorm_fwd", 1024, ("p", "q"))
+    assert lib.called("hipSetDevice") == [(2,)]
+    assert lib.called("hipDeviceGet") == []
+    assert h.blocks_per_sm == 3
+    h.launch(4, 0x55, 0x1000, 8)
+    assert lib.launches[0]["grid"] == (4, 1, 1) and lib.launches[0]["block"] == (1024, 1, 1)
+    assert lib.launches[0]["values"] == [0x1000, 8]
+    lib.codes["hipModuleLaunchKernel"] = 719
+    with pytest.raises(DriverError, match=r"^hipModuleLaunchKernel \(rmsnorm_fwd, grid 4, block 1024\) failed with "
+                                          r"error 719: hipErrorLaunchFailure$"):
+        h.launch(4, 0, 0, 0)
+
+
+def test_hip_set_device_failure():
+    d = Driver("hip", lib=FakeHip(hipSetDevice=1))
+    with pytest.raises(DriverError, match=r"^hipSetDevice failed with error 1: hipErrorInvalidValue$"):
+        d.function(0, "k", b"x", "rmsnorm_fwd")
