@@ -56,7 +56,7 @@ def _entry_dir(root: Path, key: str) -> Path:
 def _read(json_path: Path) -> Entry | None:
     try:
         meta = json.loads(json_path.read_text())
-        data = json_path.with_suffix(".bin").read_bytes()
+        data = json_path.with_name(json_path.name[: -len(".json")] + ".bin").read_bytes()
     except (OSError, ValueError):
         return None
     if not isinstance(meta, dict) or hashlib.sha256(data).hexdigest() != meta.get("sha256"):
@@ -100,8 +100,8 @@ def _atomic_write(path: Path, data: bytes) -> None:
 def store(key: str, toolchain: str, data: bytes, meta: dict, root: Path | None = None) -> Path:
     """Write the binary, then its JSON (the JSON's presence marks the entry complete)."""
     d = _entry_dir(root or write_root(), key)
-    base = d / _slug(toolchain)
+    slug = _slug(toolchain)  # may contain dots: build the names, never with_suffix()
     meta = {**meta, "toolchain": toolchain, "sha256": hashlib.sha256(data).hexdigest(), "key": key}
-    _atomic_write(base.with_suffix(".bin"), data)
-    _atomic_write(base.with_suffix(".json"), json.dumps(meta, indent=1, sort_keys=True).encode())
-    return base.with_suffix(".bin")
+    _atomic_write(d / f"{slug}.bin", data)
+    _atomic_write(d / f"{slug}.json", json.dumps(meta, indent=1, sort_keys=True).encode())
+    return d / f"{slug}.bin"

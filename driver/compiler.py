@@ -64,7 +64,7 @@ def toolchain_version() -> str:
 
 def pipeline_text(target: str, fmt: str, unroll_limit: int = targets.UNROLL_LIMIT) -> str:
     """All stages of a target, joined: part of the cache key and of reproduction commands."""
-    return " | ".join(targets.get(target).stages(fmt, unroll_limit).values())
+    return " | ".join(targets.get(target).stages(fmt, unroll_limit, for_key=True).values())
 
 
 def _dump(dump_dir: str | None, index: int, name: str, text: str | bytes) -> None:

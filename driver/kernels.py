@@ -28,15 +28,15 @@ class KernelSpec:
 
 
 def _fwd_layout(opts: Options, tgt: Target) -> Layout:
-    from .specialize import DTYPES, row_layout
+    from .specialize import DTYPES, held, row_layout
 
-    return row_layout(opts.n, opts.vec, DTYPES[opts.dtype], tgt, opts.tpr)
+    return row_layout(opts.n, opts.vec, held(opts.dtype), tgt, opts.tpr, DTYPES[opts.wdtype])
 
 
 def _bwd_layout(opts: Options, tgt: Target) -> Layout:
-    from .specialize import DTYPES, bwd_layout
+    from .specialize import bwd_layout, held
 
-    return bwd_layout(opts.n, opts.vec, DTYPES[opts.dtype], tgt, opts.tpr)
+    return bwd_layout(opts.n, opts.vec, held(opts.dtype), tgt, opts.tpr)
 
 
 def _reduce_layout(opts: Options, tgt: Target) -> Layout:

@@ -75,7 +75,7 @@ def _forced(nchunk: int, tpr: int, warp: int) -> tuple[int, int]:
     return tpr, (max(1, ROWS_BLOCK // tpr) if tpr <= warp else 1)
 
 
-def bwd_layout(n: int, vec: int, elem_bytes: int, tgt: targets.Target, tpr: int = 0) -> Layout:
+def bwd_layout(n: int, vec: int, held_bytes: int, tgt: targets.Target, tpr: int = 0) -> Layout:
     """The backward's row layout, from H200 measurements (docs/results/*tune*):
 
     - short rows (<= 256 chunks): 2 chunks per thread, x and dy kept in registers;
@@ -107,7 +107,7 @@ def bwd_layout(n: int, vec: int, elem_bytes: int, tgt: targets.Target, tpr: int 
     k = -(-nchunk // tpr)
     budget = tgt.reg_budget_bytes(tpr * rows, overhead_regs=BWD_OVERHEAD_REGS)
     dw_regs = k * vec * 4 <= budget
-    cache_row = short and k * vec * 12 <= budget
+    cache_row = short and k * vec * (4 + 2 * held_bytes) <= budget
     return Layout(vec=vec, tpr=tpr, rows=rows, k=k, kfull=nchunk // tpr, nchunk=nchunk,
                   cache_row=cache_row, warp=warp, prefetch_w=False, dw_regs=dw_regs)
 
@@ -118,7 +118,13 @@ def reduce_layout(n: int, vec: int, warp: int) -> Layout:
                   cache_row=False, warp=warp)
 
 
-def row_layout(n: int, vec: int, elem_bytes: int, tgt: targets.Target, tpr: int = 0) -> Layout:
+def held(dtype: str) -> int:
+    """Register bytes per element of a row held across the reduction: bf16 stays packed (the
+    late_ext piece keeps LLVM from holding fp32 copies), f16 and f32 are held as fp32."""
+    return 2 if dtype == "bf16" else 4
+
+
+def row_layout(n: int, vec: int, held_bytes: int, tgt: targets.Target, tpr: int = 0, w_bytes: int = 2) -> Layout:
     """Pick threads per row and chunks per thread for a row of n elements.
 
     Rows of at most 4 chunks per lane of one warp share a block (several rows per block, no
@@ -141,9 +147,10 @@ def row_layout(n: int, vec: int, elem_bytes: int, tgt: targets.Target, tpr: int 
         rows = 1
     k = -(-nchunk // tpr)
     budget = tgt.reg_budget_bytes(tpr * rows)
-    cache_row = k * vec * 4 <= budget
+    cache_row = k * vec * held_bytes <= budget
+    prefetch_w = cache_row and k * vec * (held_bytes + w_bytes) <= budget
     return Layout(vec=vec, tpr=tpr, rows=rows, k=k, kfull=nchunk // tpr, nchunk=nchunk,
-                  cache_row=cache_row, warp=warp, prefetch_w=cache_row and k * vec * 8 <= budget)
+                  cache_row=cache_row, warp=warp, prefetch_w=prefetch_w)
 
 
 def max_vec(n: int, elem_bytes: int) -> int:
@@ -175,7 +182,7 @@ class Options:
         if self.kernel not in KERNELS:
             raise ValueError(f"kernel {self.kernel!r} is unknown; choose one of {sorted(KERNELS)}")
         tgt = targets.get(self.target)
-        if not isinstance(self.n, int) or not 1 <= self.n <= MAX_N:
+        if isinstance(self.n, bool) or not isinstance(self.n, int) or not 1 <= self.n <= MAX_N:
             raise ValueError(f"n={self.n!r} is out of range: normir supports 1 <= N <= {MAX_N}")
         for name in ("dtype", "wdtype"):
             if getattr(self, name) not in DTYPES:
@@ -189,7 +196,7 @@ class Options:
         if vec & (vec - 1) or vec > widest:
             raise ValueError(f"vec={self.vec} must be a power of two dividing N, at most {widest}")
         object.__setattr__(self, "vec", vec)
-        if self.tpr and not (self.tpr <= MAX_THREADS and (self.tpr % tgt.warp == 0 or (
+        if self.tpr and not (0 < self.tpr <= MAX_THREADS and (self.tpr % tgt.warp == 0 or (
                 self.tpr < tgt.warp and self.tpr & (self.tpr - 1) == 0))):
             raise ValueError(f"tpr={self.tpr} must be a power of two below the warp ({tgt.warp}) or a "
                              f"multiple of it, at most {MAX_THREADS}")
@@ -219,6 +226,7 @@ def common_values(opts: Options) -> dict[str, str]:
         "TARGET": tgt.target_attr,
         "RSQRT_PIECE": tgt.rsqrt_piece,
         "ATOMIC_PIECE": tgt.atomic_piece,
+        "LATE_EXT_PIECE": "common/late_ext_bf16.mlir" if opts.dtype == "bf16" else "common/late_ext_generic.mlir",
         "WARP": str(tgt.warp),
         "N": str(opts.n),
         "T": opts.dtype,
@@ -298,11 +306,21 @@ def substitute(text: str, values: dict[str, str], *, origin: str = "<text>",
             raise SpecializationError(f"{where}: splices nest too deep")
         if not splice:
             return fill(s, where)
+        # Fill this text's own placeholders before the pieces go in, so that an error names
+        # the line of the file it is in; each splice line is held by a one-line marker.
+        pieces: list[str] = []
 
-        def piece(m: re.Match[str]) -> str:
-            rel = fill(m.group(1), where)
+        def hold(m: re.Match[str]) -> str:
+            pieces.append(m.group(1))
+            return f"\0{len(pieces) - 1}\0"
+
+        filled = fill(_SPLICE.sub(hold, s), where)
+
+        def put(m: re.Match[str]) -> str:
+            rel = fill(pieces[int(m.group(1))], where)
             return expand(_read(rel), rel, depth + 1)
-        return fill(_SPLICE.sub(piece, s), where)
+
+        return re.sub(r"\0(\d+)\0", put, filled)
 
     out = expand(text, origin)
     unused = set(values) - used

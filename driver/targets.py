@@ -40,11 +40,12 @@ class Target:
     def is_nvidia(self) -> bool:
         return self.vendor == "nvidia"
 
-    def stages(self, fmt: str, unroll_limit: int = UNROLL_LIMIT) -> dict[str, str]:
+    def stages(self, fmt: str, unroll_limit: int = UNROLL_LIMIT, *, for_key: bool = False) -> dict[str, str]:
         """Ordered, named pass pipelines from the verified input to the binary.
 
         unroll_limit: affine loops with at most this many trips are unrolled fully (0: none, for
-        kernels that stream a long row instead of keeping it in registers).
+        kernels that stream a long row instead of keeping it in registers). for_key: the text
+        for cache keys, without machine-local paths (the hsaco linker's folder).
         """
         unroll = f"affine-loop-unroll{{unroll-factor=-1 unroll-full-threshold={unroll_limit}}}"
         return {
@@ -55,7 +56,7 @@ class Target:
             "lower-affine, canonicalize, cse)",
             "llvm": f"builtin.module(gpu.module(convert-scf-to-cf, {self.convert_pass}), "
             "reconcile-unrealized-casts)",
-            fmt: f"builtin.module(gpu-module-to-binary{{format={fmt}{self._toolkit_option(fmt)}}})",
+            fmt: f"builtin.module(gpu-module-to-binary{{format={fmt}{'' if for_key else self._toolkit_option(fmt)}}})",
         }
 
     def _toolkit_option(self, fmt: str) -> str:

@@ -14,13 +14,14 @@
 // whole persistent loop; otherwise they accumulate in the block's own partial row in global
 // memory (read-modify-write per row, L2-resident). PREFETCH_W: w is loaded once per block.
 //
-// Placeholders: those of rmsnorm_fwd.mlir, plus DW_REGS, PREFETCH_W, ATOMIC_DW, PART_ALIGN, TRUNC_T, and the atomic-add
+// Placeholders: those of rmsnorm_fwd.mlir, plus DW_REGS, PREFETCH_W, ATOMIC_DW, PART_ALIGN, LATE_EXT_PIECE, TRUNC_T, and the atomic-add
 // piece of the target (ATOMIC_PIECE). Arguments: x, w, dy, rstd, dx, dw_part (fp32), rows, the
 // row strides of x, dy and dx (elements), and the grid size.
 module attributes {gpu.container_module} {
 gpu.module @normir [${TARGET}] {
 // normir:splice common/row_sum.mlir
 // normir:splice ${ATOMIC_PIECE}
+// normir:splice ${LATE_EXT_PIECE}
 
   gpu.func @rmsnorm_bwd(%x_arg: memref<${N}x${T}> {llvm.noalias, llvm.readonly},
                         %w_arg: memref<${N}x${WT}> {llvm.noalias, llvm.readonly},
@@ -181,8 +182,8 @@ gpu.module @normir [${TARGET}] {
               : (memref<${N}x${WT}>, index, i1, i1) -> vector<${V}xf32>
           scf.yield %w : vector<${V}xf32>
         }
-        %xf = ${EXT_T} %xv : vector<${V}x${T}> to vector<${V}xf32>
-        %dyf = ${EXT_T} %dyv : vector<${V}x${T}> to vector<${V}xf32>
+        %xf = func.call @normir_late_ext(%xv) : (vector<${V}x${T}>) -> vector<${V}xf32>
+        %dyf = func.call @normir_late_ext(%dyv) : (vector<${V}x${T}>) -> vector<${V}xf32>
         %x_hat = arith.mulf %xf, %rstd_v : vector<${V}xf32>
         %wdy = arith.mulf %dyf, %wf : vector<${V}xf32>
         %corr = arith.mulf %x_hat, %c1_v : vector<${V}xf32>

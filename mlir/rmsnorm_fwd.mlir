@@ -10,13 +10,14 @@
 // Without it (rows too long for registers) the second pass reads x again, mostly from L2.
 //
 // Placeholders: N, T (x/y type), WT (weight type), EPS, V, ALIGN, BLOCK, ROWS, TPR, K, KFULL,
-// NCHUNK, HAS_WEIGHT, STORE_RSTD, CACHE_ROW, PREFETCH_W (weight chunks loaded in pass 1), EXT_T/EXT_WT (cast to f32), TRUNC_T (cast from f32),
+// NCHUNK, LATE_EXT_PIECE (pass 2's cast), HAS_WEIGHT, STORE_RSTD, CACHE_ROW, PREFETCH_W (weight chunks loaded in pass 1), EXT_T/EXT_WT (cast to f32), TRUNC_T (cast from f32),
 // TARGET (gpu.module target attribute), and those of the spliced common pieces.
 // Arguments: x, w, y (bare pointers), rstd (fp32 per row), rows, row strides of x and y (elements).
 module attributes {gpu.container_module} {
 gpu.module @normir [${TARGET}] {
 // normir:splice common/row_sum.mlir
 // normir:splice ${RSQRT_PIECE}
+// normir:splice ${LATE_EXT_PIECE}
 
   gpu.func @rmsnorm_fwd(%x_arg: memref<${N}x${T}> {llvm.noalias, llvm.readonly},
                         %w_arg: memref<${N}x${WT}> {llvm.noalias, llvm.readonly},
@@ -117,7 +118,7 @@ gpu.module @normir [${TARGET}] {
             %v = vector.load %x[%row, %col] {alignment = ${ALIGN}} : memref<?x${N}x${T}, strided<[?, 1]>>, vector<${V}x${T}>
             scf.yield %v : vector<${V}x${T}>
           }
-          %xf = ${EXT_T} %xv : vector<${V}x${T}> to vector<${V}xf32>
+          %xf = func.call @normir_late_ext(%xv) : (vector<${V}x${T}>) -> vector<${V}xf32>
           %xn = arith.mulf %xf, %rstd_v : vector<${V}xf32>
           %yf = scf.if %has_weight -> (vector<${V}xf32>) {
             %wv = scf.if %prefetch_w -> (vector<${V}x${WT}>) {

@@ -20,6 +20,7 @@ TRAIN_N = 256
 # must pick narrower vectors, never fault and never read the wrong bytes.
 ALIGN_CASES = ((4096, 4096, 1), (4096, 4100, 0), (4096, 4104, 0), (1023, 1023, 0), (2880, 2888, 2))
 BENCH_N = (1024, 2048, 2880, 4096, 7168, 8192, 16384, 32768, 65536)
+PROFILE_N = 4096  # scripts/host_profile.py
 
 
 def _fwd(n, dt, wdt, eps=1e-6, has_weight=True, store_rstd=True, vec=0):

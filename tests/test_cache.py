@@ -75,9 +75,6 @@ def test_toolchain_names_are_slugged(tmp_path):
     assert all("/" not in Path(f).name and " " not in f for f in _files(tmp_path))
 
 
-@pytest.mark.xfail(strict=True, reason="bug: cache.store names files with Path.with_suffix, which cuts a dotted "
-                                       "toolchain name ('flydsl-0.5.0+...') at its last dot, so the own-toolchain "
-                                       "lookup never finds the entry")
 @pytest.mark.parametrize("toolchain", ["flydsl-0.5.0+noptxas", "real"])
 def test_round_trip_dotted_toolchain(tmp_path, toolchain):
     toolchain = compiler.toolchain_version() if toolchain == "real" else toolchain
@@ -86,8 +83,6 @@ def test_round_trip_dotted_toolchain(tmp_path, toolchain):
     assert entry is not None and entry.data == b"bits"
 
 
-@pytest.mark.xfail(strict=True, reason="bug: with Path.with_suffix, toolchains that differ only after the last dot "
-                                       "share one file (flydsl-0.5.0+noptxas and flydsl-0.5.1+noptxas -> flydsl-0.5.bin)")
 def test_toolchains_do_not_share_files(tmp_path):
     cache.store(KEY, "flydsl-0.5.0+noptxas", b"old", {}, root=tmp_path)
     cache.store(KEY, "flydsl-0.5.1+noptxas", b"new", {}, root=tmp_path)
@@ -200,8 +195,6 @@ def test_get_binary_compiles_then_recovers_from_corruption(tmp_path, monkeypatch
     assert entry is not None and entry.data == b.data
 
 
-@pytest.mark.xfail(strict=True, reason="bug: the own-toolchain cache entry is never found (cache.store's "
-                                       "with_suffix), so every process recompiles")
 def test_get_binary_second_call_is_a_cache_hit(tmp_path, monkeypatch, count_compiles):
     monkeypatch.setenv("NORMIR_CACHE_DIR", str(tmp_path))
     opts = Options(kernel="rmsnorm_fwd", n=1024, target="sm_90")
@@ -297,9 +290,6 @@ def test_aot_lookup_without_compiler(aot_dir, tmp_path, monkeypatch, count_compi
         library.get_binary(Options(**{**PLAN[0], "n": 2048}))
 
 
-@pytest.mark.xfail(strict=True, reason="bug: the gfx hsaco cache key contains the toolkit path "
-                                       "(targets.Target._toolkit_option -> rocm_toolkit(), under NORMIR_CACHE_DIR), "
-                                       "so an AOT folder made elsewhere never matches")
 def test_aot_lookup_without_compiler_gfx950(aot_dir, tmp_path, monkeypatch, count_compiles):
     _runtime_only(monkeypatch, aot_dir, tmp_path)
     b = library.get_binary(Options(**PLAN[1]))
@@ -307,8 +297,6 @@ def test_aot_lookup_without_compiler_gfx950(aot_dir, tmp_path, monkeypatch, coun
     assert count_compiles == []
 
 
-@pytest.mark.xfail(strict=True, reason="bug: the own-toolchain lookup misses (cache.store's with_suffix), so an "
-                                       "AOT folder made by this very toolchain is not used with NORMIR_NO_COMPILE=1")
 def test_aot_lookup_with_compiler_and_no_compile(aot_dir, tmp_path, monkeypatch, count_compiles):
     monkeypatch.setenv("NORMIR_AOT_DIRS", str(aot_dir))
     monkeypatch.setenv("NORMIR_NO_COMPILE", "1")

@@ -58,14 +58,11 @@ def test_options_rejects(kwargs, match):
         Options(**args)
 
 
-@pytest.mark.xfail(strict=True, reason="bug: Options accepts a negative tpr (-32 % 32 == 0), giving a layout with "
-                                       "negative tpr and k")
 def test_options_rejects_negative_tpr():
     with pytest.raises(ValueError, match=r"^tpr=-32"):
         Options(kernel="rmsnorm_fwd", n=1024, tpr=-32)
 
 
-@pytest.mark.xfail(strict=True, reason="bug: Options accepts n=True (bool is an int subclass) as N=1 with key 'n=True'")
 def test_options_rejects_bool_n():
     with pytest.raises(ValueError, match=r"^n=True"):
         Options(kernel="rmsnorm_fwd", n=True)
@@ -315,8 +312,6 @@ def test_substitute_unknown_placeholder_names_it_and_the_line():
     assert isinstance(e.value, ValueError)
 
 
-@pytest.mark.xfail(strict=True, reason="bug: the line of a bad placeholder is counted after splicing, so pieces "
-                                       "spliced above it shift it (specialize.substitute)")
 def test_substitute_line_number_after_splice():
     text = "line one\n// normir:splice common/rsqrt_nvvm.mlir\n${NOPE}\n"
     with pytest.raises(SpecializationError, match=r"^k\.mlir:3: "):

@@ -1,0 +1,52 @@
+"""Where the host time of one small forward call goes (N=4096, M=1, bf16), piece by piece.
+
+    python scripts/host_profile.py     # on the GPU machine; microseconds per call
+"""
+
+import time
+
+import normir
+import torch
+from normir import launch as L
+from normir.ops import rmsnorm as R
+
+
+def per_call(fn, n=5000) -> float:
+    for _ in range(200):
+        fn()
+    torch.cuda.synchronize()
+    t = time.perf_counter()
+    for _ in range(n):
+        fn()
+    dt = time.perf_counter() - t
+    torch.cuda.synchronize()
+    return dt / n * 1e6
+
+
+def main() -> None:
+    x = torch.randn((1, 4096), device="cuda").bfloat16()
+    w = torch.randn(4096, device="cuda").bfloat16()
+    y, _ = normir.rmsnorm_fwd(x, w)
+    h, lay = L.handle("rmsnorm_fwd", 0, 4096, "bf16", "bf16", 1e-6, True, False, 8)
+    s = L.stream(0)
+    args = (x.data_ptr(), w.data_ptr(), y.data_ptr(), 0, 1, 4096, 4096)
+    rows = {
+        "torch.empty": lambda: torch.empty(x.shape, dtype=x.dtype, device=x.device),
+        "check_eps": lambda: R.check_eps(1e-6),
+        "check_input": lambda: R.check_input(x, "x"),
+        "check_weight": lambda: R.check_weight(w, x, 4096),
+        "rows_of": lambda: R.rows_of(x),
+        "vector_width": lambda: L.vector_width(4096, 2, ((x.data_ptr(), 2), (y.data_ptr(), 2), (w.data_ptr(), 2)), (4096,)),
+        "handle lookup": lambda: L.handle("rmsnorm_fwd", 0, 4096, "bf16", "bf16", 1e-6, True, False, 8),
+        "stream": lambda: L.stream(0),
+        "current device": lambda: R._current_device(),
+        "launch only": lambda: h.launch(1, s, *args),
+        "normir.rmsnorm_fwd": lambda: normir.rmsnorm_fwd(x, w, 1e-6),
+        "F.rms_norm": lambda: torch.nn.functional.rms_norm(x, (4096,), w, 1e-6),
+    }
+    for name, fn in rows.items():
+        print(f"{name:20} {per_call(fn):6.2f} us")
+
+
+if __name__ == "__main__":
+    main()
