@@ -71,9 +71,13 @@ class FakeLib:
         return self.next_handle
 
     def _record_launch(self, fn, gx, gy, gz, bx, by, bz, shmem, stream, params, extra, n_args=None):
+        # The arguments arrive packed in one buffer through `extra`:
+        # {BUFFER_POINTER, &buf, BUFFER_SIZE, &size, END}.
+        assert params is None and extra[0] == 1 and extra[2] == 2
+        size = ctypes.c_size_t.from_address(extra[3]).value
+        values = [ctypes.c_uint64.from_address(extra[1] + 8 * i).value for i in range(size // 8)]
         self.launches.append(dict(fn=fn, grid=(gx, gy, gz), block=(bx, by, bz), shmem=shmem, stream=stream,
-                                  params=ctypes.addressof(params), extra=extra,
-                                  values=[ctypes.c_uint64.from_address(params[i]).value for i in range(len(params))]))
+                                  params=extra[1], extra=extra, end=extra[4] or 0, values=values))
 
 
 MESSAGES = {100: "no CUDA-capable device is detected", 218: "a PTX JIT compilation failed",
@@ -188,7 +192,7 @@ def test_unknown_vendor():
 
 def test_fake_libs_cover_the_symbol_tables():
     for vendor, fake in (("cuda", FakeCuda), ("hip", FakeHip)):
-        names = {v for k, v in runtime._SYMBOLS[vendor].items() if k != "lib" and v}
+        names = {v for k, v in runtime._SYMBOLS[vendor].items() if k not in ("lib", "param_end") and v}
         assert names <= set(fake.SYMBOLS), names - set(fake.SYMBOLS)
 
 
@@ -263,11 +267,11 @@ def test_launch_passes_arguments_in_place():
     h.launch(9, 0, 0x7F0000002000, 0x7F0000003000, 5)
     first, second = lib.launches
     assert first["grid"] == (7, 1, 1) and first["block"] == (256, 1, 1) and first["shmem"] == 0
-    assert first["stream"] == 0xABC and first["extra"] is None
+    assert first["stream"] == 0xABC and first["end"] == 0  # CU_LAUNCH_PARAM_END
     assert first["values"] == [0x7F0000001000, 0, 1 << 40]
     assert second["grid"] == (9, 1, 1)
     assert second["values"] == [0x7F0000002000, 0x7F0000003000, 5]
-    assert first["params"] == second["params"]  # one argument block, updated in place
+    assert first["params"] == second["params"]  # one argument buffer, packed in place
 
 
 def test_launch_negative_int64():

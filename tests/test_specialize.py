@@ -252,12 +252,14 @@ def test_table_covers_every_path(kernel, cases, paths):
 
 @pytest.mark.parametrize("kernel", ["rmsnorm_fwd", "rmsnorm_bwd"])
 def test_layout_paths_that_follow_from_the_hardware(kernel):
-    # Tiny rows share a block; a row of 64 elements per thread (and the longest row) cannot stay in
-    # sm_90's registers at 1024 threads; the backward's dw sums of the longest row do not fit either.
+    # Tiny rows share a block; 64 bf16 elements per thread stay in sm_90's registers at 1024
+    # threads (held packed), 64 fp32 ones do not; the longest rows stream in every dtype, and
+    # the backward's dw sums of the longest row do not fit either.
     for n in (1, 7, 64):
         assert _layout(kernel, "sm_90", n, "bf16").rows > 1
     if kernel == "rmsnorm_fwd":
-        assert not _layout(kernel, "sm_90", 65536, "bf16").cache_row
+        assert _layout(kernel, "sm_90", 65536, "bf16").cache_row
+        assert not _layout(kernel, "sm_90", 65536, "f32").cache_row
     for target in targets.PRIMARY:
         lay = _layout(kernel, target, MAX_N, "f32")
         assert not lay.cache_row and lay.tpr > lay.warp

