@@ -8,7 +8,6 @@ import shutil
 import sys
 
 import lit.formats
-import lit.util
 
 config.name = "normir"
 # lit's internal shell (lit 23 deprecates the external one); it has `not` built in.

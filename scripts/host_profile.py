@@ -5,8 +5,9 @@
 
 import time
 
-import normir
 import torch
+
+import normir
 from normir import launch as L
 from normir.ops import rmsnorm as R
 

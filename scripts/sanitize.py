@@ -5,8 +5,9 @@ reduction, atomics) on small M, each checked against the float64 reference.
     compute-sanitizer --tool memcheck python scripts/sanitize.py
 """
 
-import normir
 import torch
+
+import normir
 from normir.ops.rmsnorm import rmsnorm_bwd_ref, rmsnorm_ref
 
 CASES = [(100, torch.bfloat16), (1024, torch.float32), (2880, torch.bfloat16), (4096, torch.float16),

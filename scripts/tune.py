@@ -51,10 +51,11 @@ def plan() -> list[dict]:
 
 
 def run() -> None:
-    import normir
     import torch
-    from normir import launch
     from triton.testing import do_bench
+
+    import normir
+    from normir import launch
 
     results = []
     for (op, n), tprs in VARIANTS.items():

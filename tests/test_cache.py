@@ -12,6 +12,7 @@ import textwrap
 from pathlib import Path
 
 import pytest
+
 from normir import cache, compiler, library
 from normir.specialize import Options
 

@@ -7,6 +7,7 @@ import re
 from pathlib import Path
 
 import pytest
+
 from normir import cli, compiler, targets
 from normir.kernels import KERNELS
 from normir.specialize import Options, specialize

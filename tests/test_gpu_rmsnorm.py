@@ -7,10 +7,11 @@ from __future__ import annotations
 
 import math
 
-import normir
 import pytest
 import torch
 from gpu_cases import ALIGN_CASES, DTYPE_NAMES, EPS, FWD_M, FWD_N, LARGE_N, TRAIN_N
+
+import normir
 from normir.ops.rmsnorm import rmsnorm_bwd_ref, rmsnorm_ref
 
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a GPU")]

@@ -6,6 +6,7 @@ from __future__ import annotations
 import ctypes
 
 import pytest
+
 from normir import runtime
 from normir.runtime import Driver, DriverError, LaunchHandle
 

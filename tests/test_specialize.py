@@ -7,6 +7,7 @@ import hashlib
 import math
 
 import pytest
+
 from normir import specialize as S
 from normir import targets
 from normir.kernels import KERNELS

@@ -4,9 +4,10 @@ from __future__ import annotations
 
 import math
 
-import normir
 import pytest
 import torch
+
+import normir
 from normir import launch
 from normir.ops import rmsnorm as R
 from normir.specialize import FLT_MIN, MAX_N
