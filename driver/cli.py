@@ -68,12 +68,22 @@ def _aot_one(fields: dict) -> str:
 def cmd_aot(a: argparse.Namespace) -> int:
     """Compile every specialization of a plan (a JSON list of Options fields) into --out."""
     plan = json.loads(Path(a.plan).read_text())
+    # The workers inherit the environment: make --out the cache they write, with no read-only
+    # folders in front of it; restore the caller's environment afterwards.
+    saved = {v.name: os.environ.get(v.name) for v in (env.CACHE_DIR, env.AOT_DIRS)}
     os.environ[env.CACHE_DIR.name] = str(Path(a.out).resolve())
     os.environ[env.AOT_DIRS.name] = ""
-    with ProcessPoolExecutor(max_workers=a.jobs) as pool:
-        for line in pool.map(_aot_one, plan, chunksize=4):
-            if a.verbose:
-                print(line)
+    try:
+        with ProcessPoolExecutor(max_workers=a.jobs) as pool:
+            for line in pool.map(_aot_one, plan, chunksize=4):
+                if a.verbose:
+                    print(line)
+    finally:
+        for name, value in saved.items():
+            if value is None:
+                os.environ.pop(name, None)
+            else:
+                os.environ[name] = value
     print(f"aot: {len(plan)} specializations in {a.out}")
     return 0
 

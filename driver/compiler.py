@@ -142,7 +142,7 @@ def compile_text(text: str, target: str, fmt: str | None = None, *, keep: tuple[
             if name in ("isa", "bin"):
                 blob = _binary_object(work, gpu)
                 _dump(dump_dir, i, name, blob.decode(errors="replace") if name == "isa" else blob)
-                if name == "isa":
+                if name == "isa" and "isa" in keep:
                     kept["isa"] = blob.decode(errors="replace")
                 if name == fmt:
                     data = blob

@@ -49,7 +49,7 @@ gpu.module @normir [${TARGET}] {
         affine.yield %a : vector<${V}xf32>
       }
       %out = ${TRUNC_WT} %total : vector<${V}xf32> to vector<${V}x${WT}>
-      vector.store %out, %dw_arg[%col] : memref<${N}x${WT}>, vector<${V}x${WT}>
+      vector.store %out, %dw_arg[%col] {alignment = ${W_ALIGN}} : memref<${N}x${WT}>, vector<${V}x${WT}>
     }
     gpu.return
   }

@@ -243,11 +243,11 @@ def rmsnorm(x: torch.Tensor, weight: torch.Tensor | None = None, eps: float = 1e
             residual: torch.Tensor | None = None, prenorm: bool = False, out_dtype: torch.dtype | None = None,
             residual_dtype: torch.dtype | None = None, weight_offset: float = 0.0) -> torch.Tensor:
     """RMSNorm with autograd (quack's signature; the fused-residual arguments come later)."""
-    for name, value, default in (("residual", residual, None), ("prenorm", prenorm, False),
-                                 ("out_dtype", out_dtype, None), ("residual_dtype", residual_dtype, None),
-                                 ("weight_offset", weight_offset, 0.0)):
-        if value != default if not isinstance(value, torch.Tensor) else True:
-            raise NotImplementedError(f"rmsnorm({name}=...) is not supported yet; leave it at {default!r}")
+    unsupported = {"residual": residual is not None, "prenorm": prenorm, "out_dtype": out_dtype is not None,
+                   "residual_dtype": residual_dtype is not None, "weight_offset": weight_offset != 0.0}
+    for name, given in unsupported.items():
+        if given:
+            raise NotImplementedError(f"rmsnorm({name}=...) is not supported yet; leave it at its default")
     return RMSNormFunction.apply(x, weight, eps)
 
 
