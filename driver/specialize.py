@@ -79,16 +79,17 @@ def bwd_layout(n: int, vec: int, held_bytes: int, tgt: targets.Target, tpr: int 
     """The backward's row layout, from H200 measurements (docs/results/*tune*):
 
     - short rows (<= 256 chunks): 2 chunks per thread, x and dy kept in registers;
-    - longer rows: 4 chunks per thread, and only the fp32 dw sums stay in registers across the
-      persistent loop; the second pass reads x and dy again (they are still in L1/L2). Fewer
-      live registers buy more resident threads, which beat the saved re-read by 5-15%;
+    - longer rows: 2 chunks per thread up to 512 chunks (N=4096 in bf16), 4 beyond, and only the
+      fp32 dw sums stay in registers across the persistent loop; the second pass reads x and dy
+      again (they are still in L1/L2). Fewer live registers buy more resident threads, which
+      beat the saved re-read by 5-15%;
     - past 1024 threads the row goes to 512 threads with more chunks while the dw sums fit,
       else to 1024 threads with the sums in memory (read-modify-write per row).
     """
     warp = tgt.warp
     nchunk = n // vec
     short = nchunk <= 256
-    k_target = 2 if short else 4
+    k_target = 2 if nchunk <= 512 else 4
     if tpr:
         tpr, rows = _forced(nchunk, tpr, warp)
     elif nchunk <= warp * k_target:
