@@ -7,7 +7,7 @@ cd "$(dirname "$0")/.."
 bash scripts/setup.sh
 if python3 -c "import torch, sys; sys.exit(0 if torch.cuda.is_available() else 1)"; then
   python3 -m pytest tests/test_gpu_rmsnorm.py -q -m gpu
-  python3 scripts/bench.py --out "${OUT:-out}"
+  python3 scripts/bench.py --out "${OUT:-out}" --ops fwd,bwd,fwdbwd
 else
   echo "no GPU here: compiling every kernel for gfx950 and sm_90"
   normir report
