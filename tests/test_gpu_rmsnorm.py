@@ -297,3 +297,20 @@ def test_wrong_device_weight_rejected():
     x = make((4, 128), torch.bfloat16)
     with pytest.raises(ValueError, match="weight"):
         normir.rmsnorm_fwd(x, torch.ones(128, dtype=torch.bfloat16))
+
+
+@pytest.mark.parametrize("store_rstd", (False, True))
+def test_repeated_calls_take_the_fast_path_correctly(store_rstd):
+    # The second call of a seen specialization skips the checks (rmsnorm_fwd's _FWD_SEEN); it must
+    # still compute on the new tensors, and fall back for an unaligned tensor of the same key.
+    w = make((4096,), torch.bfloat16)
+    for _ in range(3):
+        x = make((7, 4096), torch.bfloat16)
+        poison(((7, 4096), torch.bfloat16))
+        y, rstd = normir.rmsnorm_fwd(x, w, 1e-6, store_rstd=store_rstd)
+        assert rel_err(y, rmsnorm_ref(x, w, 1e-6)[0]) <= TOL[torch.bfloat16]
+        assert (rstd is not None) == store_rstd
+    base = make((7 * 4096 + 1,), torch.bfloat16)
+    x = base[1:].view(7, 4096)  # 2-byte aligned: contiguous, but not for 16-byte vectors
+    y, _ = normir.rmsnorm_fwd(x, w, 1e-6, store_rstd=store_rstd)
+    assert rel_err(y, rmsnorm_ref(x, w, 1e-6)[0]) <= TOL[torch.bfloat16]

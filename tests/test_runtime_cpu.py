@@ -88,7 +88,7 @@ MESSAGES = {100: "no CUDA-capable device is detected", 218: "a PTX JIT compilati
 class FakeCuda(FakeLib):
     SYMBOLS = ("cuInit", "cuModuleLoadData", "cuModuleGetFunction", "cuLaunchKernel", "cuGetErrorString",
                "cuDeviceGet", "cuDevicePrimaryCtxRetain", "cuCtxSetCurrent",
-               "cuOccupancyMaxActiveBlocksPerMultiprocessor")
+               "cuOccupancyMaxActiveBlocksPerMultiprocessor", "cuLaunchKernelEx")
 
     def _cuInit(self, flags):
         return self.code("cuInit")
@@ -104,6 +104,13 @@ class FakeCuda(FakeLib):
 
     def _cuLaunchKernel(self, *args):
         self._record_launch(*args)
+        return self.code("cuLaunchKernel")
+
+    def _cuLaunchKernelEx(self, config, fn, params, extra):
+        # CUlaunchConfig: grid x/y/z, block x/y/z, shared bytes (uint32 each), stream at 32.
+        u32 = [ctypes.c_uint.from_address(config + 4 * i).value for i in range(7)]
+        stream = ctypes.c_void_p.from_address(config + 32).value or 0
+        self._record_launch(fn, *u32, stream, params, extra)
         return self.code("cuLaunchKernel")
 
     def _cuGetErrorString(self, code, msg):

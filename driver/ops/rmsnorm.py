@@ -98,6 +98,45 @@ class _on_device:
 # ---------------------------------------------------------------------------- launchers
 
 
+# Small calls are dominated by host time, so a call that looks like one already checked and
+# launched (same dtypes, N, weight shape and device, eps, store_rstd; contiguous, 16-byte aligned)
+# skips the checks and the handle lookup: every property they depend on is in the key.
+_FWD_SEEN: dict[tuple, tuple] = {}
+
+
+def _fwd_key(x: torch.Tensor, weight: torch.Tensor | None, eps: float, store_rstd: bool) -> tuple:
+    if weight is None:
+        return (x.dtype, x.shape[-1], x.get_device(), eps, store_rstd, None, None, None)
+    return (x.dtype, x.shape[-1], x.get_device(), eps, store_rstd, weight.dtype, weight.shape, weight.get_device())
+
+
+def _fwd_fast(x, weight, eps, store_rstd):
+    if not (type(x) is torch.Tensor and type(eps) is float and type(store_rstd) is bool and x.dim()
+            and x.is_contiguous() and (weight is None or (type(weight) is torch.Tensor and weight.is_contiguous()))):
+        return None
+    hit = _FWD_SEEN.get(_fwd_key(x, weight, eps, store_rstd))
+    if hit is None:
+        return None
+    h, rows, widest = hit
+    y = torch.empty_like(x)
+    xp, yp = x.data_ptr(), y.data_ptr()
+    wp = weight.data_ptr() if weight is not None else 0
+    if (xp | yp | wp) & 15:
+        return None  # an unaligned tensor: the general path picks a narrower vector
+    n = x.shape[-1]
+    m = x.numel() // n
+    rstd = torch.empty(x.shape[:-1], dtype=torch.float32, device=x.device) if store_rstd else None
+    if m:
+        dev = x.get_device()
+        args = (xp, wp, yp, rstd.data_ptr() if rstd is not None else 0, m, n, n)
+        if _current_device() == dev:
+            h.launch(-(-m // rows), L.stream(dev), *args)
+        else:
+            with _on_device(dev):
+                h.launch(-(-m // rows), L.stream(dev), *args)
+    return y, rstd
+
+
 def rmsnorm_fwd(x: torch.Tensor, weight: torch.Tensor | None = None, eps: float = 1e-6,
                 store_rstd: bool = False) -> tuple[torch.Tensor, torch.Tensor | None]:
     """y = x / sqrt(mean(x^2, -1) + eps) * weight, over the last dim; fp32 accumulation.
@@ -105,6 +144,9 @@ def rmsnorm_fwd(x: torch.Tensor, weight: torch.Tensor | None = None, eps: float 
     Returns (y, rstd): y has x's shape and dtype; rstd (float32, shape x.shape[:-1]) only when
     store_rstd, else None. weight: None, or (N,) in x's dtype or float32. x is not modified.
     """
+    fast = _fwd_fast(x, weight, eps, store_rstd)
+    if fast is not None:
+        return fast
     eps = check_eps(eps)
     dt = check_input(x, "x")
     n = x.shape[-1]
@@ -126,6 +168,8 @@ def rmsnorm_fwd(x: torch.Tensor, weight: torch.Tensor | None = None, eps: float 
             vec = L.vector_width(n, eb, ((xp, eb), (yp, eb), (wp, w.element_size() if wp else 1)), (xs,))
         wdt = L.TORCH_DTYPES[w.dtype] if w is not None else dt
         h, lay = L.handle("rmsnorm_fwd", dev, n, dt, wdt, eps, w is not None, store_rstd, vec)
+        if vec == widest and x2 is x:
+            _FWD_SEEN[_fwd_key(x, weight, eps, store_rstd)] = (h, lay.rows, widest)
         args = (xp, wp, yp, rstd.data_ptr() if rstd is not None else 0, m, xs, n)
         if _current_device() == dev:
             h.launch(-(-m // lay.rows), L.stream(dev), *args)
