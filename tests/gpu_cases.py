@@ -59,6 +59,7 @@ def specializations() -> list[dict]:
         for n, _, _ in ALIGN_CASES:
             for v in _vecs(n, dt):
                 plan.append(_fwd(n, dt, dt, vec=v))
+                plan.append(_fwd(n, dt, dt, vec=v, store_rstd=False))  # the fast-path fallback test
                 plan += _bwd(n, dt, dt, vec=v)
     plan += _bwd(4096, "bf16", "bf16", atomic=True) + _bwd(1024, "f32", "f32", atomic=True)
     plan += [_fwd(TRAIN_N, "bf16", "bf16"), _fwd(TRAIN_N, "bf16", "bf16", store_rstd=False)] + _bwd(TRAIN_N, "bf16", "bf16")
