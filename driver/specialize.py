@@ -88,6 +88,7 @@ def bwd_layout(n: int, vec: int, held_bytes: int, tgt: targets.Target, tpr: int 
     """
     warp = tgt.warp
     nchunk = n // vec
+    dw_bytes = 8 if tgt.hoists_weight else 4  # fp32 dw sums (+ the hoisted fp32 w, see targets)
     short = nchunk <= 256
     k_target = 2 if nchunk <= 512 else 4
     if tpr:
@@ -96,18 +97,20 @@ def bwd_layout(n: int, vec: int, held_bytes: int, tgt: targets.Target, tpr: int 
         tpr = min(warp, _pow2_ceil(math.ceil(nchunk / k_target)))
         rows = max(1, ROWS_BLOCK // tpr)
     else:
-        tpr = min(MAX_THREADS, -(-math.ceil(nchunk / k_target) // warp) * warp)
+        # Where LLVM holds w beside the dw sums (AMDGPU), 1024-thread rows spill: stop at 512.
+        top = MAX_THREADS // 2 if tgt.hoists_weight else MAX_THREADS
+        tpr = min(top, -(-math.ceil(nchunk / k_target) // warp) * warp)
         rows = 1
 
         def dw_fits(t: int) -> bool:
-            return -(-nchunk // t) * vec * 4 <= tgt.reg_budget_bytes(t, BWD_OVERHEAD_REGS)
+            return -(-nchunk // t) * vec * dw_bytes <= tgt.reg_budget_bytes(t, BWD_OVERHEAD_REGS)
 
         half = MAX_THREADS // 2
         if not dw_fits(tpr) and tpr > half and dw_fits(half):
             tpr = half
     k = -(-nchunk // tpr)
     budget = tgt.reg_budget_bytes(tpr * rows, overhead_regs=BWD_OVERHEAD_REGS)
-    dw_regs = k * vec * 4 <= budget
+    dw_regs = k * vec * dw_bytes <= budget
     cache_row = short and k * vec * (4 + 2 * held_bytes) <= budget
     return Layout(vec=vec, tpr=tpr, rows=rows, k=k, kfull=nchunk // tpr, nchunk=nchunk,
                   cache_row=cache_row, warp=warp, prefetch_w=False, dw_regs=dw_regs)

@@ -29,6 +29,9 @@ class Target:
     binary_formats: tuple[str, ...]  # runtime preference order: loadable formats
     isa_suffix: str
     bin_suffix: str
+    # LLVM's AMDGPU pipeline hoists the loop-invariant weight loads out of the backward's
+    # persistent row loop, so w (as fp32) sits in registers beside the dw sums there.
+    hoists_weight: bool = False
 
     def reg_budget_bytes(self, block: int, overhead_regs: int = 28) -> int:
         """Bytes of row data (as fp32) a thread may keep in registers, leaving overhead_regs for
@@ -83,7 +86,7 @@ def _nv(chip: str, ptx: str) -> Target:
 
 def _amd(chip: str) -> Target:
     return Target(
-        chip=chip, vendor="amd", warp=64, regs_per_sm=131072, max_regs=256,
+        chip=chip, vendor="amd", warp=64, regs_per_sm=131072, max_regs=256, hoists_weight=True,
         target_attr=f'#rocdl.target<chip = "{chip}", O = 3>',
         convert_pass=f"convert-gpu-to-rocdl{{chipset={chip} use-bare-ptr-memref-call-conv=1}}",
         rsqrt_piece="common/rsqrt_rocdl.mlir", atomic_piece="common/atomic_add_rocdl.mlir",
