@@ -13,7 +13,7 @@ import torch
 
 from . import env, library, runtime, targets
 from .kernels import KERNELS
-from .specialize import DTYPES, MAX_VECTOR_BYTES, Layout, Options
+from .specialize import MAX_VECTOR_BYTES, Layout, Options
 
 TORCH_DTYPES = {torch.bfloat16: "bf16", torch.float16: "f16", torch.float32: "f32"}
 
@@ -115,7 +115,3 @@ def dtype_name(t: torch.dtype, what: str) -> str:
     except KeyError:
         raise TypeError(f"{what} has dtype {t}; normir supports torch.bfloat16, torch.float16 and "
                         f"torch.float32") from None
-
-
-def element_bytes(name: str) -> int:
-    return DTYPES[name]
