@@ -40,7 +40,8 @@ NO_COMPILE = EnvVar(
 )
 TPR = EnvVar(
     "NORMIR_TPR", "",
-    "tuning: threads per row for given kernels and N, e.g. 'rmsnorm_fwd:65536=512,rmsnorm_bwd:16384=512'",
+    "tuning: threads per row, and optionally blocks per row (a cluster) after an x, for given "
+    "kernels and N, e.g. 'rmsnorm_fwd:65536=512x2,rmsnorm_bwd:16384=512' (0 keeps the policy's)",
 )
 TARGET = EnvVar("NORMIR_TARGET", "", "override the target chip picked from the torch device (e.g. sm_90)")
 

@@ -30,13 +30,13 @@ class KernelSpec:
 def _fwd_layout(opts: Options, tgt: Target) -> Layout:
     from .specialize import DTYPES, held, row_layout
 
-    return row_layout(opts.n, opts.vec, held(opts.dtype), tgt, opts.tpr, DTYPES[opts.wdtype])
+    return row_layout(opts.n, opts.vec, held(opts.dtype), tgt, opts.tpr, DTYPES[opts.wdtype], opts.cluster)
 
 
 def _bwd_layout(opts: Options, tgt: Target) -> Layout:
     from .specialize import bwd_layout, held
 
-    return bwd_layout(opts.n, opts.vec, held(opts.dtype), tgt, opts.tpr)
+    return bwd_layout(opts.n, opts.vec, held(opts.dtype), tgt, opts.tpr, opts.cluster)
 
 
 def _reduce_layout(opts: Options, tgt: Target) -> Layout:

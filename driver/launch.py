@@ -6,6 +6,7 @@ kernel text or builds Options; those happen once per (kernel, shape, dtype, devi
 
 from __future__ import annotations
 
+import re
 import threading
 from functools import cache
 
@@ -41,22 +42,35 @@ def device_target(index: int) -> str:
     return chip
 
 
-def tpr_overrides() -> dict[tuple[str, int], int]:
-    """NORMIR_TPR parsed: {(kernel, n): threads per row}."""
+_TPR_ITEM = re.compile(r"(\w+):(\d+)=(\d+)(?:x(\d+))?")
+
+
+def tpr_overrides() -> dict[tuple[str, int], tuple[int, int]]:
+    """NORMIR_TPR parsed: {(kernel, n): (threads per row, blocks per row)}; 0 is the policy's."""
     out = {}
     for item in filter(None, (p.strip() for p in env.TPR.get().split(","))):
-        try:
-            lhs, tpr = item.split("=")
-            kernel, n = lhs.split(":")
-            out[(kernel, int(n))] = int(tpr)
-        except ValueError:
-            raise ValueError(f"NORMIR_TPR item {item!r} is not KERNEL:N=TPR (e.g. rmsnorm_fwd:65536=512)") from None
+        m = _TPR_ITEM.fullmatch(item)
+        if m is None:
+            raise ValueError(f"NORMIR_TPR item {item!r} is not KERNEL:N=TPR or KERNEL:N=TPRxCLUSTER "
+                             "(e.g. rmsnorm_fwd:65536=512x2)")
+        out[(m[1], int(m[2]))] = (int(m[3]), int(m[4] or 0))
     return out
+
+
+_derived: list[dict] = []  # the ops' fast-path tables, which hold handles too
+
+
+def derived_cache(table: dict) -> dict:
+    """Register an op's table of handles so that clear_handles() empties it as well."""
+    _derived.append(table)
+    return table
 
 
 def clear_handles() -> None:
     """Forget loaded kernels' handles (after changing NORMIR_TPR, say); modules stay loaded."""
     _handles.clear()
+    for table in _derived:
+        table.clear()
 
 
 def handle(kernel: str, device: int, n: int, dtype: str, wdtype: str, eps: float, has_weight: bool,
@@ -68,15 +82,15 @@ def handle(kernel: str, device: int, n: int, dtype: str, wdtype: str, eps: float
     with _lock:
         hit = _handles.get(key)
         if hit is None:
+            tpr, cluster = tpr_overrides().get((kernel, n), (0, 0))
             opts = Options(kernel=kernel, n=n, dtype=dtype, wdtype=wdtype, eps=eps,
                            target=device_target(device), has_weight=has_weight,
-                           store_rstd=store_rstd, vec=vec, atomic_dw=atomic_dw,
-                           tpr=tpr_overrides().get((kernel, n), 0))
+                           store_rstd=store_rstd, vec=vec, atomic_dw=atomic_dw, tpr=tpr, cluster=cluster)
             binary = library.get_binary(opts)
             drv = runtime.driver(vendor())
             fn = drv.function(device, binary.key, binary.data, binary.entry)
             spec = KERNELS[kernel]
-            h = runtime.LaunchHandle(drv, fn, binary.entry, opts.layout.block, spec.args)
+            h = runtime.LaunchHandle(drv, fn, binary.entry, opts.layout.block, spec.args, opts.layout.cluster)
             hit = _handles[key] = (h, opts.layout)
     return hit
 

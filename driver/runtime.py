@@ -18,12 +18,12 @@ _SYMBOLS = {
                  get="cuModuleGetFunction", launch="cuLaunchKernel", error="cuGetErrorString",
                  device_get="cuDeviceGet", ctx_retain="cuDevicePrimaryCtxRetain", ctx_set="cuCtxSetCurrent",
                  occupancy="cuOccupancyMaxActiveBlocksPerMultiprocessor", param_end=0,
-                 launch_ex="cuLaunchKernelEx"),
+                 launch_ex="cuLaunchKernelEx", cluster_occupancy="cuOccupancyMaxActiveClusters"),
     "hip": dict(lib=("libamdhip64.so", "libamdhip64.so.6", "libamdhip64.so.7"), init="hipInit",
                 load="hipModuleLoadData", get="hipModuleGetFunction", launch="hipModuleLaunchKernel",
                 error="hipGetErrorString", device_get="hipDeviceGet", ctx_retain=None, ctx_set="hipSetDevice",
                 occupancy="hipModuleOccupancyMaxActiveBlocksPerMultiprocessor", param_end=3,
-                launch_ex=None),
+                launch_ex=None, cluster_occupancy=None),
 }
 
 
@@ -112,6 +112,22 @@ class Driver:
         self.check(f(ctypes.byref(n), fn, block, 0), self.sym["occupancy"])
         return max(1, n.value)
 
+    def active_clusters(self, fn: ctypes.c_void_p, block: int, cluster: int) -> int:
+        """How many clusters of `cluster` blocks of this kernel the whole GPU runs at once."""
+        name = self.sym["cluster_occupancy"]
+        if name is None or self._launch_ex is None:
+            raise DriverError(f"{self.vendor} has no thread-block clusters; this kernel was built for "
+                              f"clusters of {cluster} blocks (a target mismatch: check NORMIR_TARGET)")
+        f = getattr(self.lib, name)
+        f.argtypes, f.restype = [ctypes.POINTER(ctypes.c_int), ctypes.c_void_p, ctypes.c_void_p], ctypes.c_int
+        attr = _ClusterAttribute(cluster)
+        cfg = _LaunchConfig(cluster, 1, 1, block, 1, 1, 0, None, ctypes.addressof(attr), 1)
+        n = ctypes.c_int()
+        self.check(f(ctypes.byref(n), fn, ctypes.byref(cfg)), name)
+        if n.value < 1:
+            raise DriverError(f"no cluster of {cluster} blocks of {block} threads fits this GPU at once")
+        return n.value
+
     def function(self, device: int, key: str, data: bytes, entry: str) -> ctypes.c_void_p:
         with self._lock:
             mod = self._modules.get((device, key))
@@ -138,6 +154,17 @@ class _LaunchConfig(ctypes.Structure):
                 ("num_attrs", ctypes.c_uint)]
 
 
+class _ClusterAttribute(ctypes.Structure):
+    """CUlaunchAttribute holding CU_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION (4): an id, padding to 8
+    bytes, then a 64-byte value union whose first 12 bytes are the cluster's x, y, z."""
+
+    _fields_ = [("id", ctypes.c_uint), ("pad", ctypes.c_uint), ("x", ctypes.c_uint), ("y", ctypes.c_uint),
+                ("z", ctypes.c_uint), ("rest", ctypes.c_char * 52)]
+
+    def __init__(self, x: int):
+        super().__init__(4, 0, x, 1, 1)
+
+
 @dataclass
 class LaunchHandle:
     """A loaded kernel with its argument buffer, prepared once: a launch packs the arguments
@@ -148,6 +175,7 @@ class LaunchHandle:
     name: str
     block: int
     arg_kinds: tuple[str, ...]  # "p" pointer, "q" int64: all 8 bytes, so no padding
+    cluster: int = 1  # blocks per thread-block cluster (the grid is a multiple of it)
 
     def __post_init__(self) -> None:
         if set(self.arg_kinds) - {"p", "q"}:
@@ -162,9 +190,19 @@ class LaunchHandle:
         self._fn = self.fn.value
         self.blocks_per_sm = self.driver.occupancy(self.fn, self.block)
         self._config = _LaunchConfig(1, 1, 1, self.block, 1, 1, 0, None, None, 0)
+        self.active_clusters = 0
+        if self.cluster > 1:
+            self.active_clusters = self.driver.active_clusters(self.fn, self.block, self.cluster)
+            self._attr = _ClusterAttribute(self.cluster)
+            self._config.attrs, self._config.num_attrs = ctypes.addressof(self._attr), 1
         self._config_ptr = ctypes.addressof(self._config)
 
+    def resident(self, sm_count: int) -> int:
+        """How many clusters (or blocks, without clusters) run at once: a persistent grid's size."""
+        return self.active_clusters or sm_count * self.blocks_per_sm
+
     def launch(self, grid: int, stream: int, *args: int) -> None:
+        """grid: blocks, a multiple of the cluster size."""
         if grid <= 0:
             return
         self._pack(self._buf, 0, *args)

@@ -7,7 +7,7 @@ import hashlib
 import math
 import re
 import struct
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field, fields, replace
 from functools import cache
 from importlib import resources
 from pathlib import Path
@@ -23,6 +23,11 @@ MAX_THREADS = 1024
 REDUCE_CT, REDUCE_RT = 8, 32
 BWD_OVERHEAD_REGS = 36  # six pointers, three strides and the persistent loop's state
 ROWS_BLOCK = 256  # block size when several rows share a block
+MAX_CLUSTER = 8  # blocks of a thread-block cluster that share one row (the portable limit)
+# The backward splits rows whose dw sums need more than this many registers per thread: with
+# 64 (N=32768 bf16 in one 512-thread block) ptxas caps the block at 128 registers and spills.
+BWD_SPLIT_DW = 32
+FWD_SPLIT_CHUNKS = 4096  # the forward splits rows longer than this many chunks (64 KB) over a cluster
 
 _PLACEHOLDER = re.compile(r"\$\{([A-Z_][A-Z0-9_]*)\}")
 _SPLICE = re.compile(r"^[ \t]*// normir:splice (\S+)[ \t]*$", re.M)
@@ -51,6 +56,12 @@ class Layout:
     warp: int
     prefetch_w: bool = False  # weight chunks loaded before the reduction (registers permitting)
     dw_regs: bool = False  # backward: dw sums kept in registers across the persistent loop
+    cluster: int = 1  # blocks (one thread-block cluster) sharing each row; each takes N / cluster
+
+    @property
+    def nsub(self) -> int:
+        """Columns of a row that one block covers."""
+        return self.nchunk * self.vec
 
     @property
     def block(self) -> int:
@@ -75,7 +86,42 @@ def _forced(nchunk: int, tpr: int, warp: int) -> tuple[int, int]:
     return tpr, (max(1, ROWS_BLOCK // tpr) if tpr <= warp else 1)
 
 
-def bwd_layout(n: int, vec: int, held_bytes: int, tgt: targets.Target, tpr: int = 0) -> Layout:
+def _split(n: int, vec: int, tgt: targets.Target, cluster: int, tpr: int, wants_split) -> int:
+    """Blocks per row: the forced `cluster`, else the smallest power of two (up to MAX_CLUSTER,
+    keeping whole vectors per block) for which wants_split(cluster) is false. A row shared by a
+    cluster is one row per block of whole warps, so a forced tpr below the warp never splits."""
+    if cluster:
+        return cluster
+    c = 1
+    if 0 < tpr <= tgt.warp:
+        return c
+    while tgt.clusters and c < MAX_CLUSTER and n % (2 * c * vec) == 0 and wants_split(c):
+        c *= 2
+    return c
+
+
+def _clustered(lay: Layout, c: int) -> Layout:
+    if c == 1:
+        return lay
+    if lay.tpr < lay.warp:
+        raise ValueError(f"cluster={c} leaves each block {lay.nsub} columns, which {lay.tpr} threads "
+                         f"(less than a warp of {lay.warp}) cover: use a smaller cluster or a larger tpr")
+    return replace(lay, rows=1, cluster=c)  # the cluster piece exchanges one total per block
+
+
+def bwd_layout(n: int, vec: int, held_bytes: int, tgt: targets.Target, tpr: int = 0, cluster: int = 0) -> Layout:
+    """The backward's layout: rows whose fp32 dw sums do not fit one block's registers, or need
+    more than BWD_SPLIT_DW of them per thread, are split over a thread-block cluster (where the
+    target has clusters) until each block's share does; see _bwd_block_layout for a share."""
+    def too_big(c: int) -> bool:
+        lay = _bwd_block_layout(n // c, vec, held_bytes, tgt, tpr)
+        return not lay.dw_regs or lay.k * lay.vec > BWD_SPLIT_DW
+
+    c = _split(n, vec, tgt, cluster, tpr, too_big)
+    return _clustered(_bwd_block_layout(n // c, vec, held_bytes, tgt, tpr), c)
+
+
+def _bwd_block_layout(n: int, vec: int, held_bytes: int, tgt: targets.Target, tpr: int = 0) -> Layout:
     """The backward's row layout, from H200 measurements (docs/results/*tune*):
 
     - short rows (<= 256 chunks): 2 chunks per thread, x and dy kept in registers;
@@ -128,8 +174,17 @@ def held(dtype: str) -> int:
     return 2 if dtype == "bf16" else 4
 
 
-def row_layout(n: int, vec: int, held_bytes: int, tgt: targets.Target, tpr: int = 0, w_bytes: int = 2) -> Layout:
-    """Pick threads per row and chunks per thread for a row of n elements.
+def row_layout(n: int, vec: int, held_bytes: int, tgt: targets.Target, tpr: int = 0, w_bytes: int = 2,
+               cluster: int = 0) -> Layout:
+    """The forward's layout: rows longer than FWD_SPLIT_CHUNKS chunks are split over a thread-block
+    cluster where the target has clusters (on the H200, N=65536 in bf16 went from 92% to the
+    N=32768 figure); each block lays out its share as _row_block_layout says."""
+    c = _split(n, vec, tgt, cluster, tpr, lambda c: n // c // vec > FWD_SPLIT_CHUNKS)
+    return _clustered(_row_block_layout(n // c, vec, held_bytes, tgt, tpr, w_bytes), c)
+
+
+def _row_block_layout(n: int, vec: int, held_bytes: int, tgt: targets.Target, tpr: int = 0, w_bytes: int = 2) -> Layout:
+    """Pick threads per row and chunks per thread for a row (or a block's share) of n elements.
 
     Rows of at most 4 chunks per lane of one warp share a block (several rows per block, no
     barrier in the reduction); longer rows get one block of up to 1024 threads with 4 (8 past
@@ -180,6 +235,7 @@ class Options:
     vec: int = 0  # 0: the widest the row allows
     atomic_dw: bool = False
     tpr: int = 0  # threads per row; 0: the kernel's layout policy decides (tuning knob)
+    cluster: int = 0  # blocks per row (a thread-block cluster); 0: the layout policy decides
     layout: Layout = field(init=False, compare=False, repr=False)
 
     def __post_init__(self) -> None:
@@ -204,6 +260,12 @@ class Options:
                 self.tpr < tgt.warp and self.tpr & (self.tpr - 1) == 0))):
             raise ValueError(f"tpr={self.tpr} must be a power of two below the warp ({tgt.warp}) or a "
                              f"multiple of it, at most {MAX_THREADS}")
+        if self.cluster and not (self.cluster & (self.cluster - 1) == 0 and self.cluster <= MAX_CLUSTER):
+            raise ValueError(f"cluster={self.cluster} must be a power of two, at most {MAX_CLUSTER}")
+        if self.cluster > 1 and not tgt.clusters:
+            raise ValueError(f"cluster={self.cluster}: {self.target} has no thread-block clusters; use cluster=1")
+        if self.cluster > 1 and self.n % (self.cluster * vec):
+            raise ValueError(f"cluster={self.cluster} must split N={self.n} into whole vectors of {vec}")
         spec = KERNELS[self.kernel]
         object.__setattr__(self, "layout", spec.layout(self, tgt))
 
@@ -229,6 +291,10 @@ def common_values(opts: Options) -> dict[str, str]:
     return {
         "TARGET": tgt.target_attr,
         "RSQRT_PIECE": tgt.rsqrt_piece,
+        # The cross-block piece only where rows are split: a no-op sum otherwise.
+        "CLUSTER_PIECE": tgt.cluster_piece if lay.cluster > 1 else "common/cluster_sum_none.mlir",
+        "CLUSTER": str(lay.cluster),
+        "NSUB": str(lay.nsub),
         "ATOMIC_PIECE": tgt.atomic_piece,
         "LATE_EXT_PIECE": "common/late_ext_bf16.mlir" if opts.dtype == "bf16" else "common/late_ext_generic.mlir",
         "WARP": str(tgt.warp),

@@ -32,6 +32,13 @@ class Target:
     # LLVM's AMDGPU pipeline hoists the loop-invariant weight loads out of the backward's
     # persistent row loop, so w (as fp32) sits in registers beside the dw sums there.
     hoists_weight: bool = False
+    # Thread-block clusters with distributed shared memory (sm_90+): a long row may be split
+    # over the blocks of a cluster, which add their partial sums through each other's LDS.
+    cluster_piece: str | None = None
+
+    @property
+    def clusters(self) -> bool:
+        return self.cluster_piece is not None
 
     def reg_budget_bytes(self, block: int, overhead_regs: int = 28) -> int:
         """Bytes of row data (as fp32) a thread may keep in registers, leaving overhead_regs for
@@ -74,13 +81,14 @@ class Target:
         return "bin"
 
 
-def _nv(chip: str, ptx: str) -> Target:
+def _nv(chip: str, ptx: str, clusters: bool) -> Target:
     return Target(
         chip=chip, vendor="nvidia", warp=32, regs_per_sm=65536, max_regs=255,
         target_attr=f'#nvvm.target<chip = "{chip}", features = "+{ptx}", O = 3>',
         convert_pass="convert-gpu-to-nvvm{use-bare-ptr-memref-call-conv=1}",
         rsqrt_piece="common/rsqrt_nvvm.mlir", atomic_piece="common/atomic_add_nvvm.mlir",
         binary_formats=("bin", "isa"), isa_suffix=".ptx", bin_suffix=".cubin",
+        cluster_piece="common/cluster_sum_nvvm.mlir" if clusters else None,
     )
 
 
@@ -96,7 +104,8 @@ def _amd(chip: str) -> Target:
 
 TARGETS: dict[str, Target] = {
     t.chip: t
-    for t in (_nv("sm_90", "ptx80"), _nv("sm_80", "ptx70"), _nv("sm_100", "ptx86"), _amd("gfx950"), _amd("gfx942"))
+    for t in (_nv("sm_90", "ptx80", clusters=True), _nv("sm_80", "ptx70", clusters=False),
+              _nv("sm_100", "ptx86", clusters=True), _amd("gfx950"), _amd("gfx942"))
 }
 # The two targets every kernel is checked on in CI.
 PRIMARY = ("sm_90", "gfx950")

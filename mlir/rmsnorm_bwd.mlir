@@ -3,25 +3,30 @@
 //   dx    = (wdy - x_hat * c1) * rstd                                  (x's dtype)
 //   dw_part[b * ROWS + slot, j] = sum over the rows that block b's slot handled of dy * x_hat
 // The grid is persistent: block b takes row groups b, b + grid, ... so each block writes one fp32
-// partial row per slot at the end; rmsnorm_dw_reduce.mlir sums the partial rows in a fixed order
+// partial row per slot at the end (with clusters: per cluster, see below); rmsnorm_dw_reduce.mlir sums the partial rows in a fixed order
 // (dw is bit-identical from run to run). With ATOMIC_DW the block instead adds its sums into a
 // zeroed fp32 row with fp32 atomics (order varies: not bit-reproducible), for comparison.
 //
 // Thread layout as in rmsnorm_fwd.mlir: ${ROWS} rows per block of ${BLOCK} threads, ${TPR} threads
 // per row, ${K} chunks of ${V} elements per thread (chunk k*TPR + lane), the last one masked.
+// CLUSTER > 1 (rows whose dw sums do not fit one block): the ${CLUSTER} blocks of a thread-block
+// cluster share each row, block `rank` taking columns [rank * NSUB, (rank + 1) * NSUB), and the
+// persistent loop runs over clusters (cluster c takes rows c, c + grid / CLUSTER, ...). The
+// blocks add their c1 dot products through the cluster piece; partial dw rows are per cluster.
 // CACHE_ROW: x and dy stay in registers between the two passes; otherwise (rows too long) the
 // second pass reads them again, mostly from L2. DW_REGS: the dw sums live in registers for the
 // whole persistent loop; otherwise they accumulate in the block's own partial row in global
 // memory (read-modify-write per row, L2-resident). PREFETCH_W: w is loaded once per block.
 //
-// Placeholders: those of rmsnorm_fwd.mlir, plus DW_REGS, PREFETCH_W, ATOMIC_DW, PART_ALIGN, LATE_EXT_PIECE, TRUNC_T, and the atomic-add
-// piece of the target (ATOMIC_PIECE). Arguments: x, w, dy, rstd, dx, dw_part (fp32), rows, the
+// Placeholders: those of rmsnorm_fwd.mlir, plus DW_REGS, PREFETCH_W, ATOMIC_DW, PART_ALIGN, and
+// the atomic-add piece of the target (ATOMIC_PIECE). Arguments: x, w, dy, rstd, dx, dw_part (fp32), rows, the
 // row strides of x, dy and dx (elements), and the grid size.
 module attributes {gpu.container_module} {
 gpu.module @normir [${TARGET}] {
 // normir:splice common/row_sum.mlir
 // normir:splice ${ATOMIC_PIECE}
 // normir:splice ${LATE_EXT_PIECE}
+// normir:splice ${CLUSTER_PIECE}
 
   gpu.func @rmsnorm_bwd(%x_arg: memref<${N}x${T}> {llvm.noalias, llvm.readonly},
                         %w_arg: memref<${N}x${WT}> {llvm.noalias, llvm.readonly},
@@ -31,7 +36,8 @@ gpu.module @normir [${TARGET}] {
                         %dw_arg: memref<${N}xf32> {llvm.noalias},
                         %rows: index, %x_stride: index, %dy_stride: index, %dx_stride: index,
                         %grid: index)
-      workgroup(%red: memref<${WPR}xf32, #gpu.address_space<workgroup>>)
+      workgroup(%red: memref<${WPR}xf32, #gpu.address_space<workgroup>>,
+                %xch: memref<2xf32, #gpu.address_space<workgroup>>)
       private(%xbuf: memref<${K}x${V}x${T}, #gpu.address_space<private>>,
               %dybuf: memref<${K}x${V}x${T}, #gpu.address_space<private>>,
               %wbuf: memref<${K}x${V}xf32, #gpu.address_space<private>>,
@@ -58,6 +64,14 @@ gpu.module @normir [${TARGET}] {
     %bid = gpu.block_id x
     %slot = arith.divui %tid, %tpr : index
     %lane = arith.remui %tid, %tpr : index
+    // A cluster's blocks are consecutive block ids: rank within the cluster, and which cluster.
+    %cluster = arith.constant ${CLUSTER} : index
+    %c2 = arith.constant 2 : index
+    %rank = arith.remui %bid, %cluster : index
+    %cid = arith.divui %bid, %cluster : index
+    %clusters = arith.divui %grid, %cluster : index
+    %nsub = arith.constant ${NSUB} : index
+    %col_base = arith.muli %rank, %nsub : index
     %x = memref.reinterpret_cast %x_arg to offset: [0], sizes: [%rows, ${N}], strides: [%x_stride, 1]
         : memref<${N}x${T}> to memref<?x${N}x${T}, strided<[?, 1]>>
     %dy = memref.reinterpret_cast %dy_arg to offset: [0], sizes: [%rows, ${N}], strides: [%dy_stride, 1]
@@ -66,18 +80,19 @@ gpu.module @normir [${TARGET}] {
         : memref<${N}x${T}> to memref<?x${N}x${T}, strided<[?, 1]>>
     %rstd_all = memref.reinterpret_cast %rstd_arg to offset: [0], sizes: [%rows], strides: [1]
         : memref<1xf32> to memref<?xf32>
-    // This slot's partial dw row: dw_part[bid * ROWS + slot, :].
-    %part_rows = arith.muli %grid, %rows_per_block : index
+    // This slot's partial dw row: dw_part[cid * ROWS + slot, :] (a cluster's blocks share it).
+    %part_rows = arith.muli %clusters, %rows_per_block : index
     %dw_part = memref.reinterpret_cast %dw_arg to offset: [0], sizes: [%part_rows, ${N}], strides: [${N}, 1]
         : memref<${N}xf32> to memref<?x${N}xf32, strided<[${N}, 1]>>
-    %part_base = arith.muli %bid, %rows_per_block : index
+    %part_base = arith.muli %cid, %rows_per_block : index
     %part_row = arith.addi %part_base, %slot : index
 
     // w (fp32) and zeroed dw sums, once per block.
     affine.for %k = 0 to ${K} {
       %ck = arith.muli %k, %tpr : index
       %chunk = arith.addi %ck, %lane : index
-      %col = arith.muli %chunk, %vw : index
+      %col_in = arith.muli %chunk, %vw : index
+      %col = arith.addi %col_base, %col_in : index
       %always = arith.cmpi ult, %k, %k_full : index
       %in_row = arith.cmpi ult, %chunk, %nchunk : index
       %live = arith.ori %always, %in_row : i1
@@ -94,8 +109,10 @@ gpu.module @normir [${TARGET}] {
     %groups_m1 = arith.addi %rows, %rows_per_block : index
     %groups_m2 = arith.subi %groups_m1, %c1 : index
     %groups = arith.divui %groups_m2, %rows_per_block : index
-    scf.for %g = %bid to %groups step %grid {
-      %first_iter = arith.cmpi eq, %g, %bid : index
+    scf.for %g = %cid to %groups step %clusters {
+      %first_iter = arith.cmpi eq, %g, %cid : index
+      %iter = arith.divui %g, %clusters : index
+      %parity = arith.remui %iter, %c2 : index
       %g_base = arith.muli %g, %rows_per_block : index
       %row = arith.addi %g_base, %slot : index
       %row_valid = arith.cmpi ult, %row, %rows : index
@@ -114,7 +131,8 @@ gpu.module @normir [${TARGET}] {
       %dot_vec = affine.for %k = 0 to ${K} iter_args(%acc = %zero_v) -> (vector<${V}xf32>) {
         %ck = arith.muli %k, %tpr : index
         %chunk = arith.addi %ck, %lane : index
-        %col = arith.muli %chunk, %vw : index
+        %col_in = arith.muli %chunk, %vw : index
+        %col = arith.addi %col_base, %col_in : index
         %always = arith.cmpi ult, %k, %k_full : index
         %in_row = arith.cmpi ult, %chunk, %nchunk : index
         %live_col = arith.ori %always, %in_row : i1
@@ -148,14 +166,17 @@ gpu.module @normir [${TARGET}] {
       %dot_thread = vector.reduction <add>, %dot_vec : vector<${V}xf32> into f32
       %dot = func.call @normir_row_sum(%dot_thread, %tid, %red)
           : (f32, index, memref<${WPR}xf32, #gpu.address_space<workgroup>>) -> f32
-      %c1_s = arith.mulf %dot, %inv_n : f32
+      %dot_all = func.call @normir_cluster_sum(%dot, %tid, %xch, %parity)
+          : (f32, index, memref<2xf32, #gpu.address_space<workgroup>>, index) -> f32
+      %c1_s = arith.mulf %dot_all, %inv_n : f32
       %c1_v = vector.broadcast %c1_s : f32 to vector<${V}xf32>
 
       // Pass 2: dx, and dw += dy * x_hat.
       affine.for %k = 0 to ${K} {
         %ck = arith.muli %k, %tpr : index
         %chunk = arith.addi %ck, %lane : index
-        %col = arith.muli %chunk, %vw : index
+        %col_in = arith.muli %chunk, %vw : index
+        %col = arith.addi %col_base, %col_in : index
         %always = arith.cmpi ult, %k, %k_full : index
         %in_row = arith.cmpi ult, %chunk, %nchunk : index
         %live_col = arith.ori %always, %in_row : i1
@@ -221,7 +242,8 @@ gpu.module @normir [${TARGET}] {
       affine.for %k = 0 to ${K} {
         %ck = arith.muli %k, %tpr : index
         %chunk = arith.addi %ck, %lane : index
-        %col = arith.muli %chunk, %vw : index
+        %col_in = arith.muli %chunk, %vw : index
+        %col = arith.addi %col_base, %col_in : index
         %always = arith.cmpi ult, %k, %k_full : index
         %in_row = arith.cmpi ult, %chunk, %nchunk : index
         %live_col = arith.ori %always, %in_row : i1
@@ -235,6 +257,9 @@ gpu.module @normir [${TARGET}] {
         }
       }
     }
+    // Peers may still read this block's %xch: leave together.
+    func.call @normir_cluster_arrive() : () -> ()
+    func.call @normir_cluster_wait() : () -> ()
     gpu.return
   }
 

@@ -3,28 +3,35 @@
 //   y[r, j] = x[r, j] * rstd[r] * w[j]                   (w omitted when HAS_WEIGHT is false)
 //
 // Thread layout: a block of ${BLOCK} threads holds ${ROWS} rows; each row is ${TPR} consecutive
-// threads. A row is cut into ${NCHUNK} chunks of ${V} elements (one vector access each, ${ALIGN}
-// bytes); thread `lane` of a row owns chunks k * TPR + lane for k < ${K}. Chunks k < ${KFULL} exist
-// for every lane; the last k may fall past the row end and is masked. With CACHE_ROW the chunks
+// threads. With CLUSTER > 1 a row is split over the ${CLUSTER} blocks of a thread-block cluster
+// (ROWS = 1): block `rank` covers columns [rank * NSUB, (rank + 1) * NSUB), NSUB = ${NSUB}, and
+// the blocks add their sums of squares through the cluster piece. A block's part of the row is
+// cut into ${NCHUNK} chunks of ${V} elements (one vector access each, ${ALIGN} bytes); thread
+// `lane` of a row owns chunks k * TPR + lane for k < ${K}. Chunks k < ${KFULL} exist for every
+// lane; the last k may fall past the part's end and is masked. With CACHE_ROW the chunks
 // stay in a private array (registers after unrolling) between the two passes: x is read once.
 // Without it (rows too long for registers) the second pass reads x again, mostly from L2.
 //
 // Placeholders: N, T (x/y type), WT (weight type), EPS, V, ALIGN, BLOCK, ROWS, TPR, K, KFULL,
-// NCHUNK, LATE_EXT_PIECE (pass 2's cast), HAS_WEIGHT, STORE_RSTD, CACHE_ROW, PREFETCH_W (weight chunks loaded in pass 1), EXT_T/EXT_WT (cast to f32), TRUNC_T (cast from f32),
-// TARGET (gpu.module target attribute), and those of the spliced common pieces.
+// NCHUNK, CLUSTER, NSUB, LATE_EXT_PIECE (pass 2's cast), CLUSTER_PIECE (cross-block sum),
+// HAS_WEIGHT, STORE_RSTD, CACHE_ROW, PREFETCH_W (weight chunks loaded in pass 1), EXT_T/EXT_WT
+// (cast to f32), TRUNC_T (cast from f32), TARGET (gpu.module target attribute), and those of the
+// spliced common pieces.
 // Arguments: x, w, y (bare pointers), rstd (fp32 per row), rows, row strides of x and y (elements).
 module attributes {gpu.container_module} {
 gpu.module @normir [${TARGET}] {
 // normir:splice common/row_sum.mlir
 // normir:splice ${RSQRT_PIECE}
 // normir:splice ${LATE_EXT_PIECE}
+// normir:splice ${CLUSTER_PIECE}
 
   gpu.func @rmsnorm_fwd(%x_arg: memref<${N}x${T}> {llvm.noalias, llvm.readonly},
                         %w_arg: memref<${N}x${WT}> {llvm.noalias, llvm.readonly},
                         %y_arg: memref<${N}x${T}> {llvm.noalias, llvm.writeonly},
                         %rstd_arg: memref<1xf32> {llvm.noalias, llvm.writeonly},
                         %rows: index, %x_stride: index, %y_stride: index)
-      workgroup(%red: memref<${WPR}xf32, #gpu.address_space<workgroup>>)
+      workgroup(%red: memref<${WPR}xf32, #gpu.address_space<workgroup>>,
+                %xch: memref<2xf32, #gpu.address_space<workgroup>>)
       private(%xbuf: memref<${K}x${V}x${T}, #gpu.address_space<private>>,
               %wbuf: memref<${K}x${V}x${WT}, #gpu.address_space<private>>)
       kernel attributes {known_block_size = array<i32: ${BLOCK}, 1, 1>} {
@@ -47,8 +54,14 @@ gpu.module @normir [${TARGET}] {
     %bid = gpu.block_id x
     %slot = arith.divui %tid, %tpr : index
     %lane = arith.remui %tid, %tpr : index
+    // A cluster's blocks are consecutive block ids: rank within the cluster, and which cluster.
+    %cluster = arith.constant ${CLUSTER} : index
+    %rank = arith.remui %bid, %cluster : index
+    %cid = arith.divui %bid, %cluster : index
+    %nsub = arith.constant ${NSUB} : index
+    %col_base = arith.muli %rank, %nsub : index
     %rows_per_block = arith.constant ${ROWS} : index
-    %first_row = arith.muli %bid, %rows_per_block : index
+    %first_row = arith.muli %cid, %rows_per_block : index
     %row = arith.addi %first_row, %slot : index
     %row_valid = arith.cmpi ult, %row, %rows : index
     // ROWS > 1 only when a row fits in one warp (no barrier), so this branch may diverge;
@@ -63,7 +76,8 @@ gpu.module @normir [${TARGET}] {
       %sq_vec = affine.for %k = 0 to ${K} iter_args(%acc = %zero_v) -> (vector<${V}xf32>) {
         %ck = arith.muli %k, %tpr : index
         %chunk = arith.addi %ck, %lane : index
-        %col = arith.muli %chunk, %vw : index
+        %col_in = arith.muli %chunk, %vw : index
+        %col = arith.addi %col_base, %col_in : index
         %always = arith.cmpi ult, %k, %k_full : index
         %in_row = arith.cmpi ult, %chunk, %nchunk : index
         %live = arith.ori %always, %in_row : i1
@@ -89,12 +103,18 @@ gpu.module @normir [${TARGET}] {
       %sq_thread = vector.reduction <add>, %sq_vec : vector<${V}xf32> into f32
       %sq_row = func.call @normir_row_sum(%sq_thread, %tid, %red)
           : (f32, index, memref<${WPR}xf32, #gpu.address_space<workgroup>>) -> f32
-      %mean_sq = arith.mulf %sq_row, %inv_n : f32
+      %sq_all = func.call @normir_cluster_sum(%sq_row, %tid, %xch, %c0)
+          : (f32, index, memref<2xf32, #gpu.address_space<workgroup>>, index) -> f32
+      // This block is done reading its peers' slots; it waits for theirs at the end.
+      func.call @normir_cluster_arrive() : () -> ()
+      %mean_sq = arith.mulf %sq_all, %inv_n : f32
       %var_eps = arith.addf %mean_sq, %eps : f32
       %rstd = func.call @normir_rsqrt(%var_eps) : (f32) -> f32
 
       %is_lane0 = arith.cmpi eq, %lane, %c0 : index
-      %write_rstd = arith.andi %store_rstd, %is_lane0 : i1
+      %is_rank0 = arith.cmpi eq, %rank, %c0 : index
+      %lead = arith.andi %is_lane0, %is_rank0 : i1
+      %write_rstd = arith.andi %store_rstd, %lead : i1
       scf.if %write_rstd {
         %rstd_out = memref.reinterpret_cast %rstd_arg to offset: [0], sizes: [%rows], strides: [1]
             : memref<1xf32> to memref<?xf32>
@@ -106,7 +126,8 @@ gpu.module @normir [${TARGET}] {
       affine.for %k = 0 to ${K} {
         %ck = arith.muli %k, %tpr : index
         %chunk = arith.addi %ck, %lane : index
-        %col = arith.muli %chunk, %vw : index
+        %col_in = arith.muli %chunk, %vw : index
+        %col = arith.addi %col_base, %col_in : index
         %always = arith.cmpi ult, %k, %k_full : index
         %in_row = arith.cmpi ult, %chunk, %nchunk : index
         %live = arith.ori %always, %in_row : i1
@@ -138,6 +159,7 @@ gpu.module @normir [${TARGET}] {
           vector.store %yv, %y[%row, %col] {alignment = ${ALIGN}} : memref<?x${N}x${T}, strided<[?, 1]>>, vector<${V}x${T}>
         }
       }
+      func.call @normir_cluster_wait() : () -> ()
     }
     gpu.return
   }

@@ -3,7 +3,9 @@
     python scripts/tune.py plan        # print the variants' Options (for `normir aot`)
     python scripts/tune.py run         # on the GPU: GB/s per variant, M*N = 2^27, bf16
 
-Each variant is a NORMIR_TPR setting; 0 is the layout policy's own choice.
+Each variant is a NORMIR_TPR setting; 0 is the layout policy's own choice. For the backward the
+policy's layout is also timed without a weight (no dw sums, no reduction kernel), which shows
+what the dw work costs.
 """
 
 from __future__ import annotations
@@ -12,23 +14,24 @@ import json
 import os
 import sys
 
-VARIANTS = {  # (op, N): thread-per-row choices to compare (0: the policy's own)
-    ("fwd", 1024): (0, 64),
-    ("fwd", 4096): (0, 256, 512),
-    ("fwd", 8192): (0, 512, 1024),
-    ("fwd", 16384): (0, 512, 1024),
-    ("fwd", 32768): (0, 1024),
-    ("fwd", 65536): (0, 512),
-    ("bwd", 1024): (0, 128),
-    ("bwd", 2048): (0, 256),
-    ("bwd", 2880): (0, 192),
-    ("bwd", 4096): (0, 256),
-    ("bwd", 7168): (0, 448),
-    ("bwd", 8192): (0, 512),
-    ("bwd", 16384): (0, 1024),
-    ("bwd", 32768): (0, 1024),
+VARIANTS = {  # (op, N): layouts to compare, as NORMIR_TPR values: TPR[xCLUSTER] ("0": the policy's own)
+    ("fwd", 8192): ("0", "0x2"),
+    ("fwd", 16384): ("0", "0x2"),
+    ("fwd", 32768): ("0", "0x2", "0x4"),
+    ("fwd", 65536): ("0", "0x1", "0x4", "1024x2"),
+    ("bwd", 2880): ("0", "0x2"),
+    ("bwd", 7168): ("0", "0x2"),
+    ("bwd", 8192): ("0", "0x2"),
+    ("bwd", 16384): ("0", "0x2"),
+    ("bwd", 32768): ("0", "0x4", "1024x2"),
+    ("bwd", 65536): ("0", "0x8"),
 }
 KERNEL = {"fwd": "rmsnorm_fwd", "bwd": "rmsnorm_bwd"}
+
+
+def _parse(variant: str) -> tuple[int, int]:
+    tpr, _, cluster = variant.partition("x")
+    return int(tpr), int(cluster or 0)
 
 
 def plan() -> list[dict]:
@@ -36,17 +39,18 @@ def plan() -> list[dict]:
     from normir.specialize import max_vec
 
     out = []
-    for (op, n), tprs in VARIANTS.items():
-        for tpr in tprs:
+    for (op, n), variants in VARIANTS.items():
+        for variant in variants:
+            tpr, cluster = _parse(variant)
+            fwd = dict(kernel="rmsnorm_fwd", n=n, dtype="bf16", wdtype="bf16", eps=1e-6, target="sm_90",
+                       vec=max_vec(n, 2), tpr=tpr, cluster=cluster)
             if op == "fwd":
-                for store in (False, True):
-                    out.append(dict(kernel="rmsnorm_fwd", n=n, dtype="bf16", wdtype="bf16", eps=1e-6, target="sm_90",
-                                    store_rstd=store, vec=max_vec(n, 2), tpr=tpr))
+                out += [{**fwd, "store_rstd": False}, {**fwd, "store_rstd": True}]
             else:
-                out.append(dict(kernel="rmsnorm_bwd", n=n, dtype="bf16", wdtype="bf16", eps=BWD_KEY_EPS,
-                                target="sm_90", vec=max_vec(n, 2), tpr=tpr))
-                out.append(dict(kernel="rmsnorm_fwd", n=n, dtype="bf16", wdtype="bf16", eps=1e-6, target="sm_90",
-                                store_rstd=True, vec=max_vec(n, 2)))
+                bwd = dict(kernel="rmsnorm_bwd", n=n, dtype="bf16", wdtype="bf16", eps=BWD_KEY_EPS,
+                           target="sm_90", vec=max_vec(n, 2), tpr=tpr, cluster=cluster)
+                out += [bwd, {**bwd, "has_weight": False}]
+                out.append({**fwd, "store_rstd": True, "tpr": 0, "cluster": 0})
     return out
 
 
@@ -58,29 +62,32 @@ def run() -> None:
     from normir import launch
 
     results = []
-    for (op, n), tprs in VARIANTS.items():
+    for (op, n), variants in VARIANTS.items():
         torch.cuda.empty_cache()
         m = (1 << 27) // n
         x = torch.randn((m, n), device="cuda").bfloat16()
         w = torch.randn(n, device="cuda").bfloat16()
         dy = torch.randn_like(x)
         row = []
-        for tpr in tprs:
-            os.environ["NORMIR_TPR"] = f"{KERNEL[op]}:{n}={tpr}" if tpr else ""
+        for variant in variants:
+            os.environ["NORMIR_TPR"] = "" if variant == "0" else f"{KERNEL[op]}:{n}={variant}"
             launch.clear_handles()
+            _, rstd = normir.rmsnorm_fwd(x, w, 1e-6, store_rstd=True)
             if op == "fwd":
-                fn = lambda x=x, w=w: normir.rmsnorm_fwd(x, w, 1e-6)  # noqa: E731
-                nbytes = 2 * m * n * 2
+                timed = {"": lambda x=x, w=w: normir.rmsnorm_fwd(x, w, 1e-6)}
             else:
-                _, rstd = normir.rmsnorm_fwd(x, w, 1e-6, store_rstd=True)
-                fn = lambda x=x, w=w, dy=dy, rstd=rstd: normir.rmsnorm_bwd(x, w, dy, rstd)  # noqa: E731
-                nbytes = 3 * m * n * 2
-            ms = do_bench(fn, warmup=25, rep=100, return_mode="median")
+                timed = {"": lambda x=x, w=w, dy=dy, rstd=rstd: normir.rmsnorm_bwd(x, w, dy, rstd)}
+                if variant == "0":
+                    timed["no-w"] = lambda x=x, dy=dy, rstd=rstd: normir.rmsnorm_bwd(x, None, dy, rstd)
+            nbytes = (2 if op == "fwd" else 3) * m * n * 2
             _, lay = launch.handle(KERNEL[op], 0, n, "bf16", "bf16", 1e-6, True, False, 8)
-            gbs = nbytes / ms / 1e6
-            row.append(f"tpr={tpr or 'auto'}({lay.tpr},k{lay.k},{'regs' if lay.cache_row else 'stream'}"
-                       f"{',dw' if lay.dw_regs else ''}) {gbs:.0f}")
-            results.append(dict(op=op, n=n, tpr=tpr, layout_tpr=lay.tpr, k=lay.k, gbs=gbs))
+            for tag, fn in timed.items():
+                ms = do_bench(fn, warmup=25, rep=100, return_mode="median")
+                gbs = nbytes / ms / 1e6
+                row.append(f"{variant}{tag}({lay.tpr}x{lay.cluster},k{lay.k},{'regs' if lay.cache_row else 'stream'}"
+                           f"{',dw' if lay.dw_regs else ''}) {gbs:.0f}")
+                results.append(dict(op=op, n=n, variant=variant + tag, layout_tpr=lay.tpr, cluster=lay.cluster,
+                                    k=lay.k, us=ms * 1e3, gbs=gbs))
         print(f"{op} {m}x{n}: " + " | ".join(row), flush=True)
     os.environ["NORMIR_TPR"] = ""
     out = os.environ.get("OUT", ".")

@@ -19,18 +19,24 @@ TRAIN_N = 256
 # (N, row pitch in elements, element offset of the first row): unaligned pointers and pitches
 # must pick narrower vectors, never fault and never read the wrong bytes.
 ALIGN_CASES = ((4096, 4096, 1), (4096, 4100, 0), (4096, 4104, 0), (1023, 1023, 0), (2880, 2888, 2))
+# (N, blocks per row, dtype) forced through NORMIR_TPR: rows split over thread-block clusters of
+# every size, with a masked tail (2880 / 4: 90 chunks per block), f32, and 65536 kept in one block
+# (the layout sm_80 gets: x, dy re-read and the dw sums in memory), which the H200's own policy
+# no longer reaches.
+CLUSTER_CASES = ((2880, 4, "bf16"), (5120, 2, "f32"), (8192, 8, "bf16"), (65536, 1, "bf16"), (65536, 8, "f16"))
 BENCH_N = (1024, 2048, 2880, 4096, 7168, 8192, 16384, 32768, 65536)
 PROFILE_N = 4096  # scripts/host_profile.py
 
 
-def _fwd(n, dt, wdt, eps=1e-6, has_weight=True, store_rstd=True, vec=0):
+def _fwd(n, dt, wdt, eps=1e-6, has_weight=True, store_rstd=True, vec=0, cluster=0):
     return dict(kernel="rmsnorm_fwd", n=n, dtype=dt, wdtype=wdt, eps=eps, target="sm_90",
-                has_weight=has_weight, store_rstd=store_rstd, vec=vec or max_vec(n, DTYPES[dt]))
+                has_weight=has_weight, store_rstd=store_rstd, vec=vec or max_vec(n, DTYPES[dt]), cluster=cluster)
 
 
-def _bwd(n, dt, wdt, has_weight=True, atomic=False, vec=0):
+def _bwd(n, dt, wdt, has_weight=True, atomic=False, vec=0, cluster=0):
     out = [dict(kernel="rmsnorm_bwd", n=n, dtype=dt, wdtype=wdt, eps=BWD_KEY_EPS, target="sm_90",
-                has_weight=has_weight, store_rstd=False, vec=vec or max_vec(n, DTYPES[dt]), atomic_dw=atomic)]
+                has_weight=has_weight, store_rstd=False, vec=vec or max_vec(n, DTYPES[dt]), atomic_dw=atomic,
+                cluster=cluster)]
     if has_weight:
         out.append(dict(kernel="rmsnorm_dw_reduce", n=n, dtype="f32", wdtype=wdt, eps=BWD_KEY_EPS, target="sm_90",
                         has_weight=True, store_rstd=False, vec=max_vec(n, 4)))
@@ -62,6 +68,12 @@ def specializations() -> list[dict]:
                 plan.append(_fwd(n, dt, dt, vec=v, store_rstd=False))  # the fast-path fallback test
                 plan += _bwd(n, dt, dt, vec=v)
     plan += _bwd(4096, "bf16", "bf16", atomic=True) + _bwd(1024, "f32", "f32", atomic=True)
+    plan += _bwd(32768, "bf16", "bf16", atomic=True)
+    for n, c, dt in CLUSTER_CASES:
+        plan += [_fwd(n, dt, dt, cluster=c), _fwd(n, dt, dt, cluster=c, has_weight=False)]
+        plan += _bwd(n, dt, dt, cluster=c) + _bwd(n, dt, dt, cluster=c, has_weight=False)
+        if c > 1:
+            plan += _bwd(n, dt, dt, cluster=c, atomic=True)
     plan += [_fwd(TRAIN_N, "bf16", "bf16"), _fwd(TRAIN_N, "bf16", "bf16", store_rstd=False)] + _bwd(TRAIN_N, "bf16", "bf16")
     plan += [_fwd(4096, "bf16", "bf16", store_rstd=False)]
     for n in BENCH_N:

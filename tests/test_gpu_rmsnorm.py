@@ -9,10 +9,12 @@ import math
 
 import pytest
 import torch
-from gpu_cases import ALIGN_CASES, DTYPE_NAMES, EPS, FWD_M, FWD_N, LARGE_N, TRAIN_N
+from gpu_cases import ALIGN_CASES, CLUSTER_CASES, DTYPE_NAMES, EPS, FWD_M, FWD_N, LARGE_N, TRAIN_N
 
 import normir
-from normir.ops.rmsnorm import rmsnorm_bwd_ref, rmsnorm_ref
+from normir import launch
+from normir.ops.rmsnorm import BWD_KEY_EPS, rmsnorm_bwd_ref, rmsnorm_ref
+from normir.specialize import DTYPES, max_vec
 
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a GPU")]
 
@@ -184,9 +186,32 @@ def test_dw_bit_identical_across_runs(n):
     assert torch.equal(dw1, dw2) and torch.equal(dx1, dx2)
 
 
-@pytest.mark.parametrize("dt,n", (("bf16", 4096), ("f32", 1024)))
+@pytest.mark.parametrize("dt,n", (("bf16", 4096), ("f32", 1024), ("bf16", 32768)))
 def test_bwd_atomic_mode(dt, n):
     check_bwd(make((4096, n), TORCH[dt]), make((n,), TORCH[dt]), 1e-6, atomic=True)
+
+
+@pytest.mark.parametrize("n,cluster,dt", CLUSTER_CASES)
+def test_rows_split_over_a_cluster(monkeypatch, n, cluster, dt):
+    # The layout forced through NORMIR_TPR: each of `cluster` blocks takes N / cluster columns and
+    # the blocks add their sums through distributed shared memory. 1000 rows: every cluster of
+    # the persistent backward takes many rows, so both exchange slots are reused many times.
+    monkeypatch.setenv("NORMIR_TPR", f"rmsnorm_fwd:{n}=0x{cluster},rmsnorm_bwd:{n}=0x{cluster}")
+    launch.clear_handles()
+    try:
+        _, lay = launch.handle("rmsnorm_bwd", 0, n, dt, dt, BWD_KEY_EPS, True, False, max_vec(n, DTYPES[dt]))
+        assert lay.cluster == cluster
+        x = make((1000, n), TORCH[dt])
+        w = make((n,), TORCH[dt]) + 1
+        check_fwd(x, w, 1e-6)
+        check_fwd(x, None, 1e-6)
+        _, dw1, dy, rstd = check_bwd(x, w, 1e-6)
+        assert torch.equal(normir.rmsnorm_bwd(x, w, dy, rstd)[1], dw1)  # the fixed order holds
+        check_bwd(x, None, 1e-6)
+        if cluster > 1:
+            check_bwd(x, w, 1e-6, atomic=True)
+    finally:
+        launch.clear_handles()
 
 
 def test_bwd_empty_and_one_row():

@@ -81,6 +81,15 @@ class FakeLib:
                                   params=extra[1], extra=extra, end=extra[4] or 0, values=values))
 
 
+def _attrs(config: int) -> list[tuple[int, int, int, int]]:
+    """CUlaunchConfig's attributes (at byte 40, their count at 48) as (id, x, y, z): each is 72
+    bytes, the id then the value union from byte 8."""
+    ptr = ctypes.c_void_p.from_address(config + 40).value
+    count = ctypes.c_uint.from_address(config + 48).value
+    return [tuple(ctypes.c_uint.from_address(ptr + 72 * i + off).value for off in (0, 8, 12, 16))
+            for i in range(count)]
+
+
 MESSAGES = {100: "no CUDA-capable device is detected", 218: "a PTX JIT compilation failed",
             700: "an illegal memory access was encountered"}
 
@@ -88,7 +97,7 @@ MESSAGES = {100: "no CUDA-capable device is detected", 218: "a PTX JIT compilati
 class FakeCuda(FakeLib):
     SYMBOLS = ("cuInit", "cuModuleLoadData", "cuModuleGetFunction", "cuLaunchKernel", "cuGetErrorString",
                "cuDeviceGet", "cuDevicePrimaryCtxRetain", "cuCtxSetCurrent",
-               "cuOccupancyMaxActiveBlocksPerMultiprocessor", "cuLaunchKernelEx")
+               "cuOccupancyMaxActiveBlocksPerMultiprocessor", "cuLaunchKernelEx", "cuOccupancyMaxActiveClusters")
 
     def _cuInit(self, flags):
         return self.code("cuInit")
@@ -111,7 +120,15 @@ class FakeCuda(FakeLib):
         u32 = [ctypes.c_uint.from_address(config + 4 * i).value for i in range(7)]
         stream = ctypes.c_void_p.from_address(config + 32).value or 0
         self._record_launch(fn, *u32, stream, params, extra)
+        self.launches[-1]["attrs"] = _attrs(config)
         return self.code("cuLaunchKernel")
+
+    def _cuOccupancyMaxActiveClusters(self, n, fn, config):
+        # The fake GPU runs 132 blocks at once, in whole clusters of the configured size.
+        (attr,) = _attrs(ctypes.addressof(config._obj))
+        assert attr[0] == 4 and ctypes.c_uint.from_address(ctypes.addressof(config._obj)).value == attr[1]
+        _set_out(n, 132 // attr[1])
+        return self.code("cuOccupancyMaxActiveClusters")
 
     def _cuGetErrorString(self, code, msg):
         if code not in MESSAGES:
@@ -304,6 +321,26 @@ def test_launch_error_carries_driver_message():
         h.launch(5, 0, 1, 2, 3)
     assert str(e.value) == ("cuLaunchKernel (rmsnorm_fwd, grid 5, block 256) failed with error 700: "
                             "an illegal memory access was encountered")
+
+
+def test_cluster_launch_carries_the_cluster_dimension():
+    lib = FakeCuda()
+    d = Driver("cuda", lib=lib)
+    h = LaunchHandle(d, d.function(0, "k", b"bin", "rmsnorm_bwd"), "rmsnorm_bwd", 512, ("p",), cluster=4)
+    assert h.active_clusters == 33 and h.resident(132) == 33  # clusters, not blocks
+    h.launch(8, 0, 1)
+    assert lib.launches[0]["grid"] == (8, 1, 1)
+    assert lib.launches[0]["attrs"] == [(4, 4, 1, 1)]  # CU_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION
+    plain = _handle(lib)
+    assert plain.resident(132) == 132 * 3
+    plain.launch(1, 0, 1, 2, 3)
+    assert lib.launches[1]["attrs"] == []
+
+
+def test_cluster_kernel_on_hip_is_refused():
+    d = Driver("hip", lib=FakeHip())
+    with pytest.raises(DriverError, match=r"^hip has no thread-block clusters"):
+        LaunchHandle(d, d.function(0, "k", b"bin", "rmsnorm_bwd"), "rmsnorm_bwd", 512, ("p",), cluster=2)
 
 
 def test_occupancy_at_least_one():

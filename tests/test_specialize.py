@@ -110,15 +110,15 @@ def test_key_string_is_stable_text():
     o = Options(kernel="rmsnorm_fwd", n=4096)
     assert o.key_string() == (
         "kernel='rmsnorm_fwd';n=4096;dtype='bf16';wdtype='bf16';eps=9.999999974752427e-07;target='sm_90';"
-        "has_weight=True;store_rstd=False;vec=8;atomic_dw=False;tpr=0"
+        "has_weight=True;store_rstd=False;vec=8;atomic_dw=False;tpr=0;cluster=0"
     )
     assert o.digest() == hashlib.sha256(o.key_string().encode()).hexdigest()
-    assert o.digest() == "7c330f1698af9efd9ff5fbbe98e5383f40f6bf46277a033a13d74b33d241d16c"
+    assert o.digest() == "e6e8f1c6c9e3bd96a075e9471d4b181cd3a0e0c81ad992fbb1dc30e8b9d4198a"
     assert "layout" not in o.key_string()
 
 
 _ALTERNATIVES = dict(kernel="rmsnorm_bwd", n=2048, dtype="f16", wdtype="f32", eps=1e-5, target="gfx950",
-                     has_weight=False, store_rstd=True, vec=4, atomic_dw=True, tpr=256)
+                     has_weight=False, store_rstd=True, vec=4, atomic_dw=True, tpr=256, cluster=2)
 
 
 def test_alternatives_cover_every_key_field():
@@ -143,6 +143,7 @@ def test_digest_differs_per_field(name):
 #   rows: several rows per block   warps: a row spans several warps   tail: the last chunk round is masked
 #   stream: the row does not fit the register budget (second pass re-reads x)
 #   dwmem (backward only): the dw sums do not fit registers either and accumulate in memory
+#   cluster: the row is split over the blocks of a thread-block cluster (sm_90+)
 FWD_CASES = [
     ("sm_90", 1, "bf16", 1, {"rows"}),  # N=1: one lane per row, many rows per block
     ("sm_90", 7, "bf16", 1, {"rows", "tail"}),  # odd N -> vec 1
@@ -159,9 +160,10 @@ FWD_CASES = [
     ("sm_90", 7168, "bf16", 8, {"warps"}),  # 896 chunks
     ("sm_90", 4097, "f32", 1, {"warps", "tail"}),  # odd N, multi-warp, vec 1
     ("sm_90", 8192, "f32", 4, {"warps"}),  # f32: 4 elements per 16 bytes
-    ("sm_90", 65536, "bf16", 8, {"warps", "stream"}),  # 64 elements per thread: over sm_90's register budget
+    ("sm_90", 65536, "bf16", 8, {"warps", "cluster"}),  # two blocks of 512 threads share a row
+    ("sm_80", 65536, "bf16", 8, {"warps", "stream"}),  # no clusters: 64 elements per thread, over budget
     ("gfx950", 65536, "bf16", 8, {"warps"}),  # gfx950's larger register file
-    ("sm_90", MAX_N, "f32", 4, {"warps", "stream"}),  # the longest row: hundreds of chunks per thread
+    ("sm_90", MAX_N, "f32", 4, {"warps", "stream", "cluster"}),  # the longest row: over 8 blocks, still streamed
 ]
 
 BWD_CASES = [
@@ -174,9 +176,10 @@ BWD_CASES = [
     ("sm_90", 8192, "f32", 4, {"warps"}),  # f32
     ("sm_90", 16384, "bf16", 8, {"warps", "stream"}),  # x and dy re-read, dw sums in registers
     ("gfx950", 16384, "bf16", 8, {"warps"}),
-    ("sm_90", 65536, "bf16", 8, {"warps", "stream", "dwmem"}),  # dw sums in memory too
+    ("sm_90", 32768, "bf16", 8, {"warps", "stream", "cluster"}),  # two blocks share a row's dw sums
+    ("sm_80", 65536, "bf16", 8, {"warps", "stream", "dwmem"}),  # no clusters: dw sums in memory too
     ("gfx950", 65536, "bf16", 8, {"warps", "stream"}),  # gfx950 still holds the dw sums
-    ("sm_90", MAX_N, "f32", 4, {"warps", "stream", "dwmem"}),  # the longest row
+    ("sm_90", MAX_N, "f32", 4, {"warps", "stream", "dwmem", "cluster"}),  # the longest row
 ]
 
 
@@ -192,6 +195,8 @@ def _features(lay: S.Layout, backward: bool = False) -> set[str]:
         f.add("tail")
     if not lay.cache_row:
         f.add("stream")
+    if lay.cluster > 1:
+        f.add("cluster")
     return f
 
 
@@ -200,9 +205,12 @@ def _check_invariants(o: Options) -> None:
     tgt = targets.get(o.target)
     assert lay.warp == tgt.warp
     assert lay.vec & (lay.vec - 1) == 0 and lay.vec * eb <= S.MAX_VECTOR_BYTES
-    assert n % lay.vec == 0 and lay.nchunk * lay.vec == n
-    assert lay.tpr * lay.k * lay.vec >= n, "the chunk rounds do not cover the row"
-    assert lay.kfull * lay.tpr * lay.vec <= n, "an unmasked chunk falls past the row end"
+    assert n % lay.vec == 0 and lay.nsub * lay.cluster == n and lay.nchunk * lay.vec == lay.nsub
+    assert lay.tpr * lay.k * lay.vec >= lay.nsub, "the chunk rounds do not cover the block's share"
+    assert lay.kfull * lay.tpr * lay.vec <= lay.nsub, "an unmasked chunk falls past the share's end"
+    assert lay.cluster & (lay.cluster - 1) == 0 and lay.cluster <= S.MAX_CLUSTER
+    if lay.cluster > 1:  # the cluster piece exchanges one total per block: one row, whole warps
+        assert tgt.clusters and lay.rows == 1 and lay.tpr % lay.warp == 0
     assert (lay.k - 1) * lay.tpr < lay.nchunk, "a chunk round is entirely masked"
     assert lay.kfull == lay.nchunk // lay.tpr and lay.k == -(-lay.nchunk // lay.tpr)
     assert 1 <= lay.block <= S.MAX_THREADS
@@ -237,8 +245,8 @@ def test_bwd_layout(target, n, dtype, vec, path):
 
 
 @pytest.mark.parametrize("kernel, cases, paths", [
-    ("rmsnorm_fwd", FWD_CASES, {"rows", "warps", "tail", "stream"}),
-    ("rmsnorm_bwd", BWD_CASES, {"rows", "warps", "tail", "stream", "dwmem"}),
+    ("rmsnorm_fwd", FWD_CASES, {"rows", "warps", "tail", "stream", "cluster"}),
+    ("rmsnorm_bwd", BWD_CASES, {"rows", "warps", "tail", "stream", "dwmem", "cluster"}),
 ])
 def test_table_covers_every_path(kernel, cases, paths):
     reached = set()
@@ -253,14 +261,18 @@ def test_table_covers_every_path(kernel, cases, paths):
 
 @pytest.mark.parametrize("kernel", ["rmsnorm_fwd", "rmsnorm_bwd"])
 def test_layout_paths_that_follow_from_the_hardware(kernel):
-    # Tiny rows share a block; 64 bf16 elements per thread stay in sm_90's registers at 1024
-    # threads (held packed), 64 fp32 ones do not; the longest rows stream in every dtype, and
-    # the backward's dw sums of the longest row do not fit either.
+    # Tiny rows share a block; 64 bf16 elements per thread stay in sm_80's registers at 1024
+    # threads (held packed), 64 fp32 ones do not; sm_90 splits such rows over a cluster instead;
+    # the longest rows stream in every dtype, and the backward's dw sums of the longest row do
+    # not fit either.
     for n in (1, 7, 64):
         assert _layout(kernel, "sm_90", n, "bf16").rows > 1
     if kernel == "rmsnorm_fwd":
-        assert _layout(kernel, "sm_90", 65536, "bf16").cache_row
-        assert not _layout(kernel, "sm_90", 65536, "f32").cache_row
+        assert _layout(kernel, "sm_80", 65536, "bf16").cache_row
+        assert not _layout(kernel, "sm_80", 65536, "f32").cache_row
+        assert _layout(kernel, "sm_90", 65536, "f32").cluster == 4
+    for n in (1024, 16384):
+        assert _layout(kernel, "sm_90", n, "bf16").cluster == 1
     for target in targets.PRIMARY:
         lay = _layout(kernel, target, MAX_N, "f32")
         assert not lay.cache_row and lay.tpr > lay.warp
@@ -277,6 +289,7 @@ def test_forced_tpr(kernel, target):
             o = Options(kernel=kernel, n=n, target=target, tpr=tpr)
             assert o.layout.tpr == tpr
             assert (o.layout.rows > 1) == (tpr <= warp)
+            assert o.layout.cluster == 1 or tpr > warp
             _check_invariants(o)
     # The default and an explicit tpr are different binaries.
     assert Options(kernel=kernel, n=4096, tpr=256).digest() != Options(kernel=kernel, n=4096).digest()
@@ -291,6 +304,25 @@ def test_layout_invariants_sweep(kernel, target):
     for dt in S.DTYPES:
         for n in ns:
             _check_invariants(Options(kernel=kernel, n=n, dtype=dt, wdtype=dt, target=target))
+
+
+@pytest.mark.parametrize("kernel", ["rmsnorm_fwd", "rmsnorm_bwd"])
+def test_forced_cluster(kernel):
+    for n, dt in ((5760, "bf16"), (5120, "f32"), (65536, "bf16"), (MAX_N, "f16")):
+        for c in (1, 2, 4, 8):
+            o = Options(kernel=kernel, n=n, dtype=dt, wdtype=dt, cluster=c)
+            assert o.layout.cluster == c and o.layout.nsub == n // c
+            _check_invariants(o)
+    assert Options(kernel=kernel, n=4096, cluster=2).digest() != Options(kernel=kernel, n=4096).digest()
+    for bad, msg in ((dict(cluster=3), r"^cluster=3 must be a power of two, at most 8"),
+                     (dict(cluster=16), r"^cluster=16 must be a power of two"),
+                     (dict(cluster=2, target="gfx950"), r"^cluster=2: gfx950 has no thread-block clusters"),
+                     (dict(cluster=2, target="sm_80"), r"^cluster=2: sm_80 has no"),
+                     (dict(n=4104, cluster=2), r"^cluster=2 must split N=4104 into whole vectors of 8"),
+                     (dict(n=1024, cluster=8), r"^cluster=8 leaves each block 128 columns"),
+                     (dict(n=4096, cluster=2, tpr=16), r"^cluster=2 leaves each block 2048 columns")):
+        with pytest.raises(ValueError, match=msg):
+            Options(kernel=kernel, **{"n": 4096, **bad})
 
 
 def test_reduce_layout():
