@@ -54,7 +54,8 @@ KERNELS: dict[str, KernelSpec] = {
     for k in (
         KernelSpec(
             name="rmsnorm_fwd", template="rmsnorm_fwd.mlir", entry="rmsnorm_fwd",
-            args=("p", "p", "p", "p", "q", "q", "q"),  # x, w, y, rstd, rows, x_stride, y_stride
+            # x, w, y, rstd, rows, x_stride, y_stride, rows ahead to prefetch into L2
+            args=("p", "p", "p", "p", "q", "q", "q", "q"),
             grid="rows", layout=_fwd_layout,
         ),
         KernelSpec(

@@ -23,11 +23,11 @@ MAX_THREADS = 1024
 REDUCE_CT, REDUCE_RT = 8, 32
 BWD_OVERHEAD_REGS = 36  # six pointers, three strides and the persistent loop's state
 ROWS_BLOCK = 256  # block size when several rows share a block
+PREFETCHING = ("rmsnorm_fwd", "rmsnorm_bwd")  # kernels with the L2 prefetch of the next row
 MAX_CLUSTER = 8  # blocks of a thread-block cluster that share one row (the portable limit)
 # The backward splits rows whose dw sums need more than this many registers per thread: with
 # 64 (N=32768 bf16 in one 512-thread block) ptxas caps the block at 128 registers and spills.
 BWD_SPLIT_DW = 32
-FWD_SPLIT_CHUNKS = 4096  # the forward splits rows longer than this many chunks (64 KB) over a cluster
 
 _PLACEHOLDER = re.compile(r"\$\{([A-Z_][A-Z0-9_]*)\}")
 _SPLICE = re.compile(r"^[ \t]*// normir:splice (\S+)[ \t]*$", re.M)
@@ -57,6 +57,7 @@ class Layout:
     prefetch_w: bool = False  # weight chunks loaded before the reduction (registers permitting)
     dw_regs: bool = False  # backward: dw sums kept in registers across the persistent loop
     cluster: int = 1  # blocks (one thread-block cluster) sharing each row; each takes N / cluster
+    l2_prefetch: bool = False  # pass 1 also asks L2 for the block's next row (prefetch.global.L2)
 
     @property
     def nsub(self) -> int:
@@ -176,10 +177,13 @@ def held(dtype: str) -> int:
 
 def row_layout(n: int, vec: int, held_bytes: int, tgt: targets.Target, tpr: int = 0, w_bytes: int = 2,
                cluster: int = 0) -> Layout:
-    """The forward's layout: rows longer than FWD_SPLIT_CHUNKS chunks are split over a thread-block
-    cluster where the target has clusters (on the H200, N=65536 in bf16 went from 92% to the
-    N=32768 figure); each block lays out its share as _row_block_layout says."""
-    c = _split(n, vec, tgt, cluster, tpr, lambda c: n // c // vec > FWD_SPLIT_CHUNKS)
+    """The forward's layout: rows that do not fit one block's registers are split over a
+    thread-block cluster where the target has clusters, until a block's share does. Rows that
+    fit stay in one block: on the H200, N=65536 in bf16 ran at 3886 GB/s in one block of 1024
+    threads and at 2918 split over two blocks (docs/results/*tune*): the cluster barrier per
+    row costs more than the smaller blocks gain. See _row_block_layout for a block's share."""
+    c = _split(n, vec, tgt, cluster, tpr,
+               lambda c: not _row_block_layout(n // c, vec, held_bytes, tgt, tpr, w_bytes).cache_row)
     return _clustered(_row_block_layout(n // c, vec, held_bytes, tgt, tpr, w_bytes), c)
 
 
@@ -236,6 +240,7 @@ class Options:
     atomic_dw: bool = False
     tpr: int = 0  # threads per row; 0: the kernel's layout policy decides (tuning knob)
     cluster: int = 0  # blocks per row (a thread-block cluster); 0: the layout policy decides
+    l2_prefetch: int = -1  # 1/0: prefetch the next row into L2 or not; -1: the layout policy decides
     layout: Layout = field(init=False, compare=False, repr=False)
 
     def __post_init__(self) -> None:
@@ -266,8 +271,17 @@ class Options:
             raise ValueError(f"cluster={self.cluster}: {self.target} has no thread-block clusters; use cluster=1")
         if self.cluster > 1 and self.n % (self.cluster * vec):
             raise ValueError(f"cluster={self.cluster} must split N={self.n} into whole vectors of {vec}")
+        if self.l2_prefetch not in (-1, 0, 1):
+            raise ValueError(f"l2_prefetch={self.l2_prefetch!r}: choose 1 (on), 0 (off) or -1 (the policy's)")
+        if self.l2_prefetch == 1 and tgt.prefetch_piece is None:
+            raise ValueError(f"l2_prefetch=1: {self.target} has no L2 prefetch instruction; use -1 or 0")
         spec = KERNELS[self.kernel]
-        object.__setattr__(self, "layout", spec.layout(self, tgt))
+        lay = spec.layout(self, tgt)
+        if self.kernel in PREFETCHING:
+            # One row per block only: prefetching for several short rows buys nothing measurable.
+            on = lay.rows == 1 and tgt.prefetch_piece is not None if self.l2_prefetch == -1 else bool(self.l2_prefetch)
+            lay = replace(lay, l2_prefetch=on)
+        object.__setattr__(self, "layout", lay)
 
     def key_string(self) -> str:
         """Stable text of the fields (Python's hash() is salted per process)."""
@@ -294,6 +308,9 @@ def common_values(opts: Options) -> dict[str, str]:
         # The cross-block piece only where rows are split: a no-op sum otherwise.
         "CLUSTER_PIECE": tgt.cluster_piece if lay.cluster > 1 else "common/cluster_sum_none.mlir",
         "CLUSTER": str(lay.cluster),
+        "PREFETCH_PIECE": tgt.prefetch_piece if lay.l2_prefetch else "common/prefetch_none.mlir",
+        "L2_PREFETCH": _bool(lay.l2_prefetch),
+        "EB": str(eb),
         "NSUB": str(lay.nsub),
         "ATOMIC_PIECE": tgt.atomic_piece,
         "LATE_EXT_PIECE": "common/late_ext_bf16.mlir" if opts.dtype == "bf16" else "common/late_ext_generic.mlir",

@@ -35,6 +35,8 @@ class Target:
     # Thread-block clusters with distributed shared memory (sm_90+): a long row may be split
     # over the blocks of a cluster, which add their partial sums through each other's LDS.
     cluster_piece: str | None = None
+    # An L2 prefetch instruction (NVIDIA's prefetch.global.L2), for the rows a block takes next.
+    prefetch_piece: str | None = None
 
     @property
     def clusters(self) -> bool:
@@ -89,6 +91,7 @@ def _nv(chip: str, ptx: str, clusters: bool) -> Target:
         rsqrt_piece="common/rsqrt_nvvm.mlir", atomic_piece="common/atomic_add_nvvm.mlir",
         binary_formats=("bin", "isa"), isa_suffix=".ptx", bin_suffix=".cubin",
         cluster_piece="common/cluster_sum_nvvm.mlir" if clusters else None,
+        prefetch_piece="common/prefetch_nvvm.mlir",
     )
 
 

@@ -17,8 +17,9 @@
 // second pass reads them again, mostly from L2. DW_REGS: the dw sums live in registers for the
 // whole persistent loop; otherwise they accumulate in the block's own partial row in global
 // memory (read-modify-write per row, L2-resident). PREFETCH_W: w is loaded once per block.
+// L2_PREFETCH: pass 1 also asks L2 for the same chunks of x and dy of the block's next row.
 //
-// Placeholders: those of rmsnorm_fwd.mlir, plus DW_REGS, PREFETCH_W, ATOMIC_DW, PART_ALIGN, and
+// Placeholders: those of rmsnorm_fwd.mlir, plus DW_REGS, ATOMIC_DW, PART_ALIGN, and
 // the atomic-add piece of the target (ATOMIC_PIECE). Arguments: x, w, dy, rstd, dx, dw_part (fp32), rows, the
 // row strides of x, dy and dx (elements), and the grid size.
 module attributes {gpu.container_module} {
@@ -27,6 +28,7 @@ gpu.module @normir [${TARGET}] {
 // normir:splice ${ATOMIC_PIECE}
 // normir:splice ${LATE_EXT_PIECE}
 // normir:splice ${CLUSTER_PIECE}
+// normir:splice ${PREFETCH_PIECE}
 
   gpu.func @rmsnorm_bwd(%x_arg: memref<${N}x${T}> {llvm.noalias, llvm.readonly},
                         %w_arg: memref<${N}x${WT}> {llvm.noalias, llvm.readonly},
@@ -55,6 +57,8 @@ gpu.module @normir [${TARGET}] {
     %dw_regs = arith.constant ${DW_REGS}
     %w_regs = arith.constant ${PREFETCH_W}
     %atomic_dw = arith.constant ${ATOMIC_DW}
+    %l2_prefetch = arith.constant ${L2_PREFETCH}
+    %eb = arith.constant ${EB} : index
     %inv_n = arith.constant ${INV_N} : f32
     %zero_v = arith.constant dense<0.0> : vector<${V}xf32>
     %one_v = arith.constant dense<1.0> : vector<${V}xf32>
@@ -85,6 +89,9 @@ gpu.module @normir [${TARGET}] {
     %dw_part = memref.reinterpret_cast %dw_arg to offset: [0], sizes: [%part_rows, ${N}], strides: [${N}, 1]
         : memref<${N}xf32> to memref<?x${N}xf32, strided<[${N}, 1]>>
     %part_base = arith.muli %cid, %rows_per_block : index
+    %x_base = memref.extract_aligned_pointer_as_index %x_arg : memref<${N}x${T}> -> index
+    %dy_base = memref.extract_aligned_pointer_as_index %dy_arg : memref<${N}x${T}> -> index
+    %group_stride = arith.muli %clusters, %rows_per_block : index
     %part_row = arith.addi %part_base, %slot : index
 
     // w (fp32) and zeroed dw sums, once per block.
@@ -126,6 +133,10 @@ gpu.module @normir [${TARGET}] {
         scf.yield %z : f32
       }
       %rstd_v = vector.broadcast %rstd : f32 to vector<${V}xf32>
+      // The row this slot takes next (the next group of this block or cluster).
+      %pf_row = arith.addi %row, %group_stride : index
+      %pf_row_ok = arith.cmpi ult, %pf_row, %rows : index
+      %pf_on = arith.andi %l2_prefetch, %pf_row_ok : i1
 
       // Pass 1: dot = sum_j x_hat * wdy, lane-wise in fp32.
       %dot_vec = affine.for %k = 0 to ${K} iter_args(%acc = %zero_v) -> (vector<${V}xf32>) {
@@ -147,6 +158,17 @@ gpu.module @normir [${TARGET}] {
         scf.if %cache_row {
           vector.store %xv, %xbuf[%k, %c0] : memref<${K}x${V}x${T}, #gpu.address_space<private>>, vector<${V}x${T}>
           vector.store %dyv, %dybuf[%k, %c0] : memref<${K}x${V}x${T}, #gpu.address_space<private>>, vector<${V}x${T}>
+        }
+        %pf = arith.andi %pf_on, %live_col : i1
+        scf.if %pf {
+          %pfx_row = arith.muli %pf_row, %x_stride : index
+          %pfx_elem = arith.addi %pfx_row, %col : index
+          %pfx_byte = arith.muli %pfx_elem, %eb : index
+          func.call @normir_prefetch_l2(%x_base, %pfx_byte) : (index, index) -> ()
+          %pfd_row = arith.muli %pf_row, %dy_stride : index
+          %pfd_elem = arith.addi %pfd_row, %col : index
+          %pfd_byte = arith.muli %pfd_elem, %eb : index
+          func.call @normir_prefetch_l2(%dy_base, %pfd_byte) : (index, index) -> ()
         }
         %wf = scf.if %w_regs -> (vector<${V}xf32>) {
           %w = vector.load %wbuf[%k, %c0] : memref<${K}x${V}xf32, #gpu.address_space<private>>, vector<${V}xf32>

@@ -11,25 +11,29 @@
 // lane; the last k may fall past the part's end and is masked. With CACHE_ROW the chunks
 // stay in a private array (registers after unrolling) between the two passes: x is read once.
 // Without it (rows too long for registers) the second pass reads x again, mostly from L2.
+// L2_PREFETCH: pass 1 also asks L2 for the same chunks of row + pf_rows (the row a block starts
+// about one wave later), so that memory stays busy while blocks reduce and wait.
 //
 // Placeholders: N, T (x/y type), WT (weight type), EPS, V, ALIGN, BLOCK, ROWS, TPR, K, KFULL,
-// NCHUNK, CLUSTER, NSUB, LATE_EXT_PIECE (pass 2's cast), CLUSTER_PIECE (cross-block sum),
+// NCHUNK, CLUSTER, NSUB, EB (bytes per element), L2_PREFETCH, PREFETCH_PIECE, LATE_EXT_PIECE (pass 2's cast), CLUSTER_PIECE (cross-block sum),
 // HAS_WEIGHT, STORE_RSTD, CACHE_ROW, PREFETCH_W (weight chunks loaded in pass 1), EXT_T/EXT_WT
 // (cast to f32), TRUNC_T (cast from f32), TARGET (gpu.module target attribute), and those of the
 // spliced common pieces.
-// Arguments: x, w, y (bare pointers), rstd (fp32 per row), rows, row strides of x and y (elements).
+// Arguments: x, w, y (bare pointers), rstd (fp32 per row), rows, row strides of x and y (elements),
+// and how many rows ahead to prefetch (pf_rows).
 module attributes {gpu.container_module} {
 gpu.module @normir [${TARGET}] {
 // normir:splice common/row_sum.mlir
 // normir:splice ${RSQRT_PIECE}
 // normir:splice ${LATE_EXT_PIECE}
 // normir:splice ${CLUSTER_PIECE}
+// normir:splice ${PREFETCH_PIECE}
 
   gpu.func @rmsnorm_fwd(%x_arg: memref<${N}x${T}> {llvm.noalias, llvm.readonly},
                         %w_arg: memref<${N}x${WT}> {llvm.noalias, llvm.readonly},
                         %y_arg: memref<${N}x${T}> {llvm.noalias, llvm.writeonly},
                         %rstd_arg: memref<1xf32> {llvm.noalias, llvm.writeonly},
-                        %rows: index, %x_stride: index, %y_stride: index)
+                        %rows: index, %x_stride: index, %y_stride: index, %pf_rows: index)
       workgroup(%red: memref<${WPR}xf32, #gpu.address_space<workgroup>>,
                 %xch: memref<2xf32, #gpu.address_space<workgroup>>)
       private(%xbuf: memref<${K}x${V}x${T}, #gpu.address_space<private>>,
@@ -44,6 +48,8 @@ gpu.module @normir [${TARGET}] {
     %store_rstd = arith.constant ${STORE_RSTD}
     %cache_row = arith.constant ${CACHE_ROW}
     %prefetch_w = arith.constant ${PREFETCH_W}
+    %l2_prefetch = arith.constant ${L2_PREFETCH}
+    %eb = arith.constant ${EB} : index
     %eps = arith.constant ${EPS} : f32
     %inv_n = arith.constant ${INV_N} : f32
     %zero_f = arith.constant 0.0 : f32
@@ -64,6 +70,10 @@ gpu.module @normir [${TARGET}] {
     %first_row = arith.muli %cid, %rows_per_block : index
     %row = arith.addi %first_row, %slot : index
     %row_valid = arith.cmpi ult, %row, %rows : index
+    %x_base = memref.extract_aligned_pointer_as_index %x_arg : memref<${N}x${T}> -> index
+    %pf_row = arith.addi %row, %pf_rows : index
+    %pf_row_ok = arith.cmpi ult, %pf_row, %rows : index
+    %pf_on = arith.andi %l2_prefetch, %pf_row_ok : i1
     // ROWS > 1 only when a row fits in one warp (no barrier), so this branch may diverge;
     // with one row per block it is uniform across the block and the barriers inside are safe.
     scf.if %row_valid {
@@ -89,6 +99,13 @@ gpu.module @normir [${TARGET}] {
         }
         scf.if %cache_row {
           vector.store %xv, %xbuf[%k, %c0] : memref<${K}x${V}x${T}, #gpu.address_space<private>>, vector<${V}x${T}>
+        }
+        %pf = arith.andi %pf_on, %live : i1
+        scf.if %pf {
+          %pf_elem_row = arith.muli %pf_row, %x_stride : index
+          %pf_elem = arith.addi %pf_elem_row, %col : index
+          %pf_byte = arith.muli %pf_elem, %eb : index
+          func.call @normir_prefetch_l2(%x_base, %pf_byte) : (index, index) -> ()
         }
         // The weight's loads go out with x's, so pass 2 does not wait on them.
         %fetch_w = arith.andi %prefetch_w, %live : i1

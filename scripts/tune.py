@@ -14,43 +14,49 @@ import json
 import os
 import sys
 
-VARIANTS = {  # (op, N): layouts to compare, as NORMIR_TPR values: TPR[xCLUSTER] ("0": the policy's own)
-    ("fwd", 8192): ("0", "0x2"),
-    ("fwd", 16384): ("0", "0x2"),
-    ("fwd", 32768): ("0", "0x2", "0x4"),
-    ("fwd", 65536): ("0", "0x1", "0x4", "1024x2"),
-    ("bwd", 2880): ("0", "0x2"),
-    ("bwd", 7168): ("0", "0x2"),
-    ("bwd", 8192): ("0", "0x2"),
-    ("bwd", 16384): ("0", "0x2"),
-    ("bwd", 32768): ("0", "0x4", "1024x2"),
-    ("bwd", 65536): ("0", "0x8"),
+VARIANTS = {  # (op, N, dtype): layouts to compare, as NORMIR_TPR values TPR[xCLUSTER][p0|p1] ("0": the policy's)
+    ("fwd", 8192, "bf16"): ("0", "0p0"),
+    ("fwd", 16384, "bf16"): ("0", "0p0"),
+    ("fwd", 32768, "bf16"): ("0", "0p0"),
+    ("fwd", 65536, "bf16"): ("0", "0p0", "0x2", "0x2p0"),
+    ("fwd", 65536, "f32"): ("0", "0x1", "0x1p0", "0x2p0"),
+    ("bwd", 2880, "bf16"): ("0", "0p0"),
+    ("bwd", 7168, "bf16"): ("0", "0p0"),
+    ("bwd", 16384, "bf16"): ("0", "0p0", "1024"),
+    ("bwd", 32768, "bf16"): ("0", "0p0", "1024x2", "1024x2p0"),
+    ("bwd", 65536, "bf16"): ("0", "0p0", "1024x4", "1024x4p0"),
 }
 KERNEL = {"fwd": "rmsnorm_fwd", "bwd": "rmsnorm_bwd"}
 
 
-def _parse(variant: str) -> tuple[int, int]:
-    tpr, _, cluster = variant.partition("x")
-    return int(tpr), int(cluster or 0)
+def _parse(variant: str) -> tuple[int, int, int]:
+    from normir.launch import tpr_overrides
+
+    os.environ["NORMIR_TPR"] = f"k:1={variant}"
+    try:
+        return tpr_overrides()[("k", 1)]
+    finally:
+        os.environ["NORMIR_TPR"] = ""
 
 
 def plan() -> list[dict]:
     from normir.ops.rmsnorm import BWD_KEY_EPS
-    from normir.specialize import max_vec
+    from normir.specialize import DTYPES, max_vec
 
     out = []
-    for (op, n), variants in VARIANTS.items():
+    for (op, n, dt), variants in VARIANTS.items():
         for variant in variants:
-            tpr, cluster = _parse(variant)
-            fwd = dict(kernel="rmsnorm_fwd", n=n, dtype="bf16", wdtype="bf16", eps=1e-6, target="sm_90",
-                       vec=max_vec(n, 2), tpr=tpr, cluster=cluster)
+            tpr, cluster, l2 = _parse(variant)
+            vec = max_vec(n, DTYPES[dt])
+            fwd = dict(kernel="rmsnorm_fwd", n=n, dtype=dt, wdtype=dt, eps=1e-6, target="sm_90",
+                       vec=vec, tpr=tpr, cluster=cluster, l2_prefetch=l2)
             if op == "fwd":
                 out += [{**fwd, "store_rstd": False}, {**fwd, "store_rstd": True}]
             else:
-                bwd = dict(kernel="rmsnorm_bwd", n=n, dtype="bf16", wdtype="bf16", eps=BWD_KEY_EPS,
-                           target="sm_90", vec=max_vec(n, 2), tpr=tpr, cluster=cluster)
+                bwd = dict(kernel="rmsnorm_bwd", n=n, dtype=dt, wdtype=dt, eps=BWD_KEY_EPS,
+                           target="sm_90", vec=vec, tpr=tpr, cluster=cluster, l2_prefetch=l2)
                 out += [bwd, {**bwd, "has_weight": False}]
-                out.append({**fwd, "store_rstd": True, "tpr": 0, "cluster": 0})
+                out.append({**fwd, "store_rstd": True, "tpr": 0, "cluster": 0, "l2_prefetch": -1})
     return out
 
 
@@ -62,11 +68,12 @@ def run() -> None:
     from normir import launch
 
     results = []
-    for (op, n), variants in VARIANTS.items():
+    for (op, n, dt), variants in VARIANTS.items():
         torch.cuda.empty_cache()
         m = (1 << 27) // n
-        x = torch.randn((m, n), device="cuda").bfloat16()
-        w = torch.randn(n, device="cuda").bfloat16()
+        tdt = {"bf16": torch.bfloat16, "f16": torch.float16, "f32": torch.float32}[dt]
+        x = torch.randn((m, n), device="cuda").to(tdt)
+        w = torch.randn(n, device="cuda").to(tdt)
         dy = torch.randn_like(x)
         row = []
         for variant in variants:
@@ -79,16 +86,16 @@ def run() -> None:
                 timed = {"": lambda x=x, w=w, dy=dy, rstd=rstd: normir.rmsnorm_bwd(x, w, dy, rstd)}
                 if variant == "0":
                     timed["no-w"] = lambda x=x, dy=dy, rstd=rstd: normir.rmsnorm_bwd(x, None, dy, rstd)
-            nbytes = (2 if op == "fwd" else 3) * m * n * 2
-            _, lay = launch.handle(KERNEL[op], 0, n, "bf16", "bf16", 1e-6, True, False, 8)
+            nbytes = (2 if op == "fwd" else 3) * m * n * x.element_size()
+            _, lay = launch.handle(KERNEL[op], 0, n, dt, dt, 1e-6, True, False, 16 // x.element_size())
             for tag, fn in timed.items():
                 ms = do_bench(fn, warmup=25, rep=100, return_mode="median")
                 gbs = nbytes / ms / 1e6
                 row.append(f"{variant}{tag}({lay.tpr}x{lay.cluster},k{lay.k},{'regs' if lay.cache_row else 'stream'}"
-                           f"{',dw' if lay.dw_regs else ''}) {gbs:.0f}")
-                results.append(dict(op=op, n=n, variant=variant + tag, layout_tpr=lay.tpr, cluster=lay.cluster,
-                                    k=lay.k, us=ms * 1e3, gbs=gbs))
-        print(f"{op} {m}x{n}: " + " | ".join(row), flush=True)
+                           f"{',dw' if lay.dw_regs else ''}{',pf' if lay.l2_prefetch else ''}) {gbs:.0f}")
+                results.append(dict(op=op, n=n, dtype=dt, variant=variant + tag, layout_tpr=lay.tpr,
+                                    cluster=lay.cluster, l2_prefetch=lay.l2_prefetch, k=lay.k, us=ms * 1e3, gbs=gbs))
+        print(f"{op} {dt} {m}x{n}: " + " | ".join(row), flush=True)
     os.environ["NORMIR_TPR"] = ""
     out = os.environ.get("OUT", ".")
     with open(os.path.join(out, "tune.json"), "w") as f:

@@ -110,15 +110,16 @@ def test_key_string_is_stable_text():
     o = Options(kernel="rmsnorm_fwd", n=4096)
     assert o.key_string() == (
         "kernel='rmsnorm_fwd';n=4096;dtype='bf16';wdtype='bf16';eps=9.999999974752427e-07;target='sm_90';"
-        "has_weight=True;store_rstd=False;vec=8;atomic_dw=False;tpr=0;cluster=0"
+        "has_weight=True;store_rstd=False;vec=8;atomic_dw=False;tpr=0;cluster=0;l2_prefetch=-1"
     )
     assert o.digest() == hashlib.sha256(o.key_string().encode()).hexdigest()
-    assert o.digest() == "e6e8f1c6c9e3bd96a075e9471d4b181cd3a0e0c81ad992fbb1dc30e8b9d4198a"
+    assert o.digest() == "77045cd6b49f19abc0129b5260ff939eeda6d206ea75d9a333cd19f1dc8fa96f"
     assert "layout" not in o.key_string()
 
 
 _ALTERNATIVES = dict(kernel="rmsnorm_bwd", n=2048, dtype="f16", wdtype="f32", eps=1e-5, target="gfx950",
-                     has_weight=False, store_rstd=True, vec=4, atomic_dw=True, tpr=256, cluster=2)
+                     has_weight=False, store_rstd=True, vec=4, atomic_dw=True, tpr=256, cluster=2,
+                     l2_prefetch=0)
 
 
 def test_alternatives_cover_every_key_field():
@@ -160,7 +161,8 @@ FWD_CASES = [
     ("sm_90", 7168, "bf16", 8, {"warps"}),  # 896 chunks
     ("sm_90", 4097, "f32", 1, {"warps", "tail"}),  # odd N, multi-warp, vec 1
     ("sm_90", 8192, "f32", 4, {"warps"}),  # f32: 4 elements per 16 bytes
-    ("sm_90", 65536, "bf16", 8, {"warps", "cluster"}),  # two blocks of 512 threads share a row
+    ("sm_90", 65536, "bf16", 8, {"warps"}),  # 64 bf16 elements per thread, held packed in registers
+    ("sm_90", 65536, "f32", 4, {"warps", "cluster"}),  # as fp32 they do not fit: two blocks share a row
     ("sm_80", 65536, "bf16", 8, {"warps", "stream"}),  # no clusters: 64 elements per thread, over budget
     ("gfx950", 65536, "bf16", 8, {"warps"}),  # gfx950's larger register file
     ("sm_90", MAX_N, "f32", 4, {"warps", "stream", "cluster"}),  # the longest row: over 8 blocks, still streamed
@@ -261,16 +263,17 @@ def test_table_covers_every_path(kernel, cases, paths):
 
 @pytest.mark.parametrize("kernel", ["rmsnorm_fwd", "rmsnorm_bwd"])
 def test_layout_paths_that_follow_from_the_hardware(kernel):
-    # Tiny rows share a block; 64 bf16 elements per thread stay in sm_80's registers at 1024
-    # threads (held packed), 64 fp32 ones do not; sm_90 splits such rows over a cluster instead;
-    # the longest rows stream in every dtype, and the backward's dw sums of the longest row do
-    # not fit either.
+    # Tiny rows share a block; 64 bf16 elements per thread stay in registers at 1024 threads
+    # (held packed), 64 fp32 ones do not: sm_90 splits such a row over a cluster of two blocks,
+    # sm_80 re-reads it; the longest rows stream in every dtype, and the backward's dw sums of
+    # the longest row do not fit either.
     for n in (1, 7, 64):
         assert _layout(kernel, "sm_90", n, "bf16").rows > 1
     if kernel == "rmsnorm_fwd":
-        assert _layout(kernel, "sm_80", 65536, "bf16").cache_row
+        assert _layout(kernel, "sm_90", 65536, "bf16").cache_row
+        assert _layout(kernel, "sm_90", 65536, "bf16").cluster == 1
         assert not _layout(kernel, "sm_80", 65536, "f32").cache_row
-        assert _layout(kernel, "sm_90", 65536, "f32").cluster == 4
+        assert _layout(kernel, "sm_90", 65536, "f32").cluster == 2
     for n in (1024, 16384):
         assert _layout(kernel, "sm_90", n, "bf16").cluster == 1
     for target in targets.PRIMARY:
@@ -323,6 +326,21 @@ def test_forced_cluster(kernel):
                      (dict(n=4096, cluster=2, tpr=16), r"^cluster=2 leaves each block 2048 columns")):
         with pytest.raises(ValueError, match=msg):
             Options(kernel=kernel, **{"n": 4096, **bad})
+
+
+def test_l2_prefetch_policy():
+    # On where a block has one row (NVIDIA); the flag can be forced either way where it exists.
+    assert Options(kernel="rmsnorm_fwd", n=8192).layout.l2_prefetch
+    assert Options(kernel="rmsnorm_bwd", n=32768).layout.l2_prefetch
+    assert not Options(kernel="rmsnorm_fwd", n=1024).layout.l2_prefetch  # several rows per block
+    assert not Options(kernel="rmsnorm_fwd", n=8192, l2_prefetch=0).layout.l2_prefetch
+    assert Options(kernel="rmsnorm_fwd", n=1024, l2_prefetch=1).layout.l2_prefetch
+    assert not Options(kernel="rmsnorm_fwd", n=8192, target="gfx950").layout.l2_prefetch
+    assert not Options(kernel="rmsnorm_dw_reduce", n=8192, dtype="f32").layout.l2_prefetch
+    with pytest.raises(ValueError, match=r"^l2_prefetch=1: gfx950 has no L2 prefetch instruction"):
+        Options(kernel="rmsnorm_fwd", n=8192, target="gfx950", l2_prefetch=1)
+    with pytest.raises(ValueError, match=r"^l2_prefetch=2: choose 1 \(on\), 0 \(off\) or -1"):
+        Options(kernel="rmsnorm_fwd", n=8192, l2_prefetch=2)
 
 
 def test_reduce_layout():
