@@ -18,12 +18,13 @@ _SYMBOLS = {
                  get="cuModuleGetFunction", launch="cuLaunchKernel", error="cuGetErrorString",
                  device_get="cuDeviceGet", ctx_retain="cuDevicePrimaryCtxRetain", ctx_set="cuCtxSetCurrent",
                  occupancy="cuOccupancyMaxActiveBlocksPerMultiprocessor", param_end=0,
-                 launch_ex="cuLaunchKernelEx", cluster_occupancy="cuOccupancyMaxActiveClusters"),
+                 launch_ex="cuLaunchKernelEx", cluster_occupancy="cuOccupancyMaxActiveClusters",
+                 set_attribute="cuFuncSetAttribute"),
     "hip": dict(lib=("libamdhip64.so", "libamdhip64.so.6", "libamdhip64.so.7"), init="hipInit",
                 load="hipModuleLoadData", get="hipModuleGetFunction", launch="hipModuleLaunchKernel",
                 error="hipGetErrorString", device_get="hipDeviceGet", ctx_retain=None, ctx_set="hipSetDevice",
                 occupancy="hipModuleOccupancyMaxActiveBlocksPerMultiprocessor", param_end=3,
-                launch_ex=None, cluster_occupancy=None),
+                launch_ex=None, cluster_occupancy=None, set_attribute="hipFuncSetAttribute"),
 }
 
 
@@ -104,15 +105,22 @@ class Driver:
         self.check(getattr(L, s["ctx_retain"])(ctypes.byref(ctx), dev), s["ctx_retain"])
         self.check(getattr(L, s["ctx_set"])(ctx), s["ctx_set"])
 
-    def occupancy(self, fn: ctypes.c_void_p, block: int) -> int:
+    def occupancy(self, fn: ctypes.c_void_p, block: int, shared_bytes: int = 0) -> int:
         """How many blocks of this kernel fit on one multiprocessor at once."""
         f = getattr(self.lib, self.sym["occupancy"])
         f.argtypes, f.restype = [ctypes.POINTER(ctypes.c_int), ctypes.c_void_p, ctypes.c_int, ctypes.c_size_t], ctypes.c_int
         n = ctypes.c_int()
-        self.check(f(ctypes.byref(n), fn, block, 0), self.sym["occupancy"])
+        self.check(f(ctypes.byref(n), fn, block, shared_bytes), self.sym["occupancy"])
         return max(1, n.value)
 
-    def active_clusters(self, fn: ctypes.c_void_p, block: int, cluster: int) -> int:
+    def allow_shared(self, fn: ctypes.c_void_p, shared_bytes: int) -> None:
+        """Let the kernel take more dynamic shared memory than the default 48 KB."""
+        name = self.sym["set_attribute"]
+        f = getattr(self.lib, name)
+        f.argtypes, f.restype = [ctypes.c_void_p, ctypes.c_int, ctypes.c_int], ctypes.c_int
+        self.check(f(fn, _MAX_DYNAMIC_SHARED_SIZE_BYTES, shared_bytes), f"{name} ({shared_bytes} bytes of shared memory)")
+
+    def active_clusters(self, fn: ctypes.c_void_p, block: int, cluster: int, shared_bytes: int = 0) -> int:
         """How many clusters of `cluster` blocks of this kernel the whole GPU runs at once."""
         name = self.sym["cluster_occupancy"]
         if name is None or self._launch_ex is None:
@@ -121,7 +129,7 @@ class Driver:
         f = getattr(self.lib, name)
         f.argtypes, f.restype = [ctypes.POINTER(ctypes.c_int), ctypes.c_void_p, ctypes.c_void_p], ctypes.c_int
         attr = _ClusterAttribute(cluster)
-        cfg = _LaunchConfig(cluster, 1, 1, block, 1, 1, 0, None, ctypes.addressof(attr), 1)
+        cfg = _LaunchConfig(cluster, 1, 1, block, 1, 1, shared_bytes, None, ctypes.addressof(attr), 1)
         n = ctypes.c_int()
         self.check(f(ctypes.byref(n), fn, ctypes.byref(cfg)), name)
         if n.value < 1:
@@ -143,6 +151,9 @@ class Driver:
 
 # The launch's `extra` parameter: a pointer to one packed argument buffer and its size.
 _BUFFER_POINTER, _BUFFER_SIZE = 1, 2
+# CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, hipFuncAttributeMaxDynamicSharedMemorySize.
+_MAX_DYNAMIC_SHARED_SIZE_BYTES = 8
+_DEFAULT_SHARED_LIMIT = 48 * 1024
 
 
 class _LaunchConfig(ctypes.Structure):
@@ -176,6 +187,7 @@ class LaunchHandle:
     block: int
     arg_kinds: tuple[str, ...]  # "p" pointer, "q" int64: all 8 bytes, so no padding
     cluster: int = 1  # blocks per thread-block cluster (the grid is a multiple of it)
+    shared_bytes: int = 0  # dynamic shared memory per block
 
     def __post_init__(self) -> None:
         if set(self.arg_kinds) - {"p", "q"}:
@@ -188,11 +200,13 @@ class LaunchHandle:
         self._extra = (vp * 5)(_BUFFER_POINTER, ctypes.addressof(self._buf), _BUFFER_SIZE,
                                ctypes.addressof(self._size), self.driver.sym["param_end"])
         self._fn = self.fn.value
-        self.blocks_per_sm = self.driver.occupancy(self.fn, self.block)
-        self._config = _LaunchConfig(1, 1, 1, self.block, 1, 1, 0, None, None, 0)
+        if self.shared_bytes > _DEFAULT_SHARED_LIMIT:
+            self.driver.allow_shared(self.fn, self.shared_bytes)
+        self.blocks_per_sm = self.driver.occupancy(self.fn, self.block, self.shared_bytes)
+        self._config = _LaunchConfig(1, 1, 1, self.block, 1, 1, self.shared_bytes, None, None, 0)
         self.active_clusters = 0
         if self.cluster > 1:
-            self.active_clusters = self.driver.active_clusters(self.fn, self.block, self.cluster)
+            self.active_clusters = self.driver.active_clusters(self.fn, self.block, self.cluster, self.shared_bytes)
             self._attr = _ClusterAttribute(self.cluster)
             self._config.attrs, self._config.num_attrs = ctypes.addressof(self._attr), 1
         self._config_ptr = ctypes.addressof(self._config)
@@ -213,7 +227,7 @@ class LaunchHandle:
             cfg.stream = stream
             code = ex(self._config_ptr, self._fn, None, self._extra)
         else:
-            code = self.driver._launch(self._fn, grid, 1, 1, self.block, 1, 1, 0, stream, None, self._extra)
+            code = self.driver._launch(self._fn, grid, 1, 1, self.block, 1, 1, self.shared_bytes, stream, None, self._extra)
         if code != 0:
             raise DriverError(f"{self.driver.sym['launch']} ({self.name}, grid {grid}, block {self.block}) "
                               f"failed with error {code}: {self.driver.error_string(code)}")

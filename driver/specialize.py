@@ -24,6 +24,7 @@ REDUCE_CT, REDUCE_RT = 8, 32
 BWD_OVERHEAD_REGS = 36  # six pointers, three strides and the persistent loop's state
 ROWS_BLOCK = 256  # block size when several rows share a block
 PREFETCHING = ("rmsnorm_fwd", "rmsnorm_bwd")  # kernels with the L2 prefetch of the next row
+MAX_STAGE_BYTES = 200 * 1024  # STAGE buffers past this leave too little shared memory
 MAX_CLUSTER = 8  # blocks of a thread-block cluster that share one row (the portable limit)
 # The backward splits rows whose dw sums need more than this many registers per thread: with
 # 64 (N=32768 bf16 in one 512-thread block) ptxas caps the block at 128 registers and spills.
@@ -58,6 +59,12 @@ class Layout:
     dw_regs: bool = False  # backward: dw sums kept in registers across the persistent loop
     cluster: int = 1  # blocks (one thread-block cluster) sharing each row; each takes N / cluster
     l2_prefetch: bool = False  # pass 1 also asks L2 for the block's next row (prefetch.global.L2)
+    stage: bool = False  # backward: x and dy staged through two shared-memory buffers (cp.async)
+
+    @property
+    def smem_bytes(self) -> int:
+        """Dynamic shared memory per block: the STAGE buffers (2 buffers x x, dy x K x BLOCK x 16)."""
+        return 4 * self.k * self.block * MAX_VECTOR_BYTES if self.stage else 0
 
     @property
     def nsub(self) -> int:
@@ -163,6 +170,18 @@ def _bwd_block_layout(n: int, vec: int, held_bytes: int, tgt: targets.Target, tp
                   cache_row=cache_row, warp=warp, prefetch_w=False, dw_regs=dw_regs)
 
 
+def _staged(lay: Layout, stage: int, tgt: targets.Target, eb: int) -> Layout:
+    """The backward's STAGE choice: forced, or the policy's (rows re-read in pass 2 on a target
+    with asynchronous copies, 16-byte chunks, one row per block, buffers that fit)."""
+    fits = lay.vec * eb == MAX_VECTOR_BYTES and 4 * lay.k * lay.block * MAX_VECTOR_BYTES <= MAX_STAGE_BYTES
+    if stage == 1 and not (tgt.stage_piece and fits and not lay.cache_row):
+        raise ValueError(f"stage=1 needs a target with asynchronous copies ({tgt.chip}: "
+                         f"{'yes' if tgt.stage_piece else 'no'}), 16-byte chunks (here {lay.vec * eb}), "
+                         f"buffers within {MAX_STAGE_BYTES} bytes and a row not held in registers")
+    policy = bool(tgt.stage_piece) and fits and lay.rows == 1 and not lay.cache_row
+    return replace(lay, stage=policy if stage == -1 else bool(stage))
+
+
 def reduce_layout(n: int, vec: int, warp: int) -> Layout:
     """dw reduction: 8 column threads (16-byte fp32 vectors) x 32 row threads."""
     return Layout(vec=vec, tpr=REDUCE_CT, rows=REDUCE_RT, k=1, kfull=1, nchunk=n // vec,
@@ -241,6 +260,7 @@ class Options:
     tpr: int = 0  # threads per row; 0: the kernel's layout policy decides (tuning knob)
     cluster: int = 0  # blocks per row (a thread-block cluster); 0: the layout policy decides
     l2_prefetch: int = -1  # 1/0: prefetch the next row into L2 or not; -1: the layout policy decides
+    stage: int = -1  # backward, 1/0: stage x and dy through shared memory or not; -1: the policy's
     layout: Layout = field(init=False, compare=False, repr=False)
 
     def __post_init__(self) -> None:
@@ -275,12 +295,17 @@ class Options:
             raise ValueError(f"l2_prefetch={self.l2_prefetch!r}: choose 1 (on), 0 (off) or -1 (the policy's)")
         if self.l2_prefetch == 1 and tgt.prefetch_piece is None:
             raise ValueError(f"l2_prefetch=1: {self.target} has no L2 prefetch instruction; use -1 or 0")
+        if self.stage not in (-1, 0, 1):
+            raise ValueError(f"stage={self.stage!r}: choose 1 (on), 0 (off) or -1 (the policy's)")
         spec = KERNELS[self.kernel]
         lay = spec.layout(self, tgt)
+        if self.kernel == "rmsnorm_bwd":
+            lay = _staged(lay, self.stage, tgt, DTYPES[self.dtype])
         if self.kernel in PREFETCHING:
-            # One row per block only: prefetching for several short rows buys nothing measurable.
-            on = lay.rows == 1 and tgt.prefetch_piece is not None if self.l2_prefetch == -1 else bool(self.l2_prefetch)
-            lay = replace(lay, l2_prefetch=on)
+            # Measured on the H200 (docs/results/*tune-v5*): +2-19% for the backward's one-row
+            # blocks, -3% to -24% for the forward's (it has no next row of its own to ask for).
+            policy = self.kernel == "rmsnorm_bwd" and lay.rows == 1 and not lay.stage and tgt.prefetch_piece is not None
+            lay = replace(lay, l2_prefetch=policy if self.l2_prefetch == -1 else bool(self.l2_prefetch))
         object.__setattr__(self, "layout", lay)
 
     def key_string(self) -> str:
@@ -310,6 +335,9 @@ def common_values(opts: Options) -> dict[str, str]:
         "CLUSTER": str(lay.cluster),
         "PREFETCH_PIECE": tgt.prefetch_piece if lay.l2_prefetch else "common/prefetch_none.mlir",
         "L2_PREFETCH": _bool(lay.l2_prefetch),
+        "STAGE": _bool(lay.stage),
+        "STAGE_PIECE": tgt.stage_piece if lay.stage else "common/stage_none.mlir",
+        "STAGE_BLOCK_BYTES": str(lay.block * MAX_VECTOR_BYTES),
         "EB": str(eb),
         "NSUB": str(lay.nsub),
         "ATOMIC_PIECE": tgt.atomic_piece,

@@ -37,6 +37,8 @@ class Target:
     cluster_piece: str | None = None
     # An L2 prefetch instruction (NVIDIA's prefetch.global.L2), for the rows a block takes next.
     prefetch_piece: str | None = None
+    # Asynchronous 16-byte global -> shared copies (cp.async, sm_80+), for staging rows.
+    stage_piece: str | None = None
 
     @property
     def clusters(self) -> bool:
@@ -91,7 +93,7 @@ def _nv(chip: str, ptx: str, clusters: bool) -> Target:
         rsqrt_piece="common/rsqrt_nvvm.mlir", atomic_piece="common/atomic_add_nvvm.mlir",
         binary_formats=("bin", "isa"), isa_suffix=".ptx", bin_suffix=".cubin",
         cluster_piece="common/cluster_sum_nvvm.mlir" if clusters else None,
-        prefetch_piece="common/prefetch_nvvm.mlir",
+        prefetch_piece="common/prefetch_nvvm.mlir", stage_piece="common/stage_nvvm.mlir",
     )
 
 

@@ -18,9 +18,12 @@
 // whole persistent loop; otherwise they accumulate in the block's own partial row in global
 // memory (read-modify-write per row, L2-resident). PREFETCH_W: w is loaded once per block.
 // L2_PREFETCH: pass 1 also asks L2 for the same chunks of x and dy of the block's next row.
+// STAGE: x and dy come through shared memory: while a row is reduced and written, each thread's
+// chunks of the next row are already being copied (cp.async) into the other of two buffers, and
+// both passes read the current buffer; HBM is read once and never waits on the reductions.
 //
-// Placeholders: those of rmsnorm_fwd.mlir, plus DW_REGS, ATOMIC_DW, PART_ALIGN, and
-// the atomic-add piece of the target (ATOMIC_PIECE). Arguments: x, w, dy, rstd, dx, dw_part (fp32), rows, the
+// Placeholders: those of rmsnorm_fwd.mlir, plus DW_REGS, ATOMIC_DW, PART_ALIGN, STAGE, and
+// the target's pieces for atomics (ATOMIC_PIECE) and asynchronous copies (STAGE_PIECE). Arguments: x, w, dy, rstd, dx, dw_part (fp32), rows, the
 // row strides of x, dy and dx (elements), and the grid size.
 module attributes {gpu.container_module} {
 gpu.module @normir [${TARGET}] {
@@ -29,6 +32,7 @@ gpu.module @normir [${TARGET}] {
 // normir:splice ${LATE_EXT_PIECE}
 // normir:splice ${CLUSTER_PIECE}
 // normir:splice ${PREFETCH_PIECE}
+// normir:splice ${STAGE_PIECE}
 
   gpu.func @rmsnorm_bwd(%x_arg: memref<${N}x${T}> {llvm.noalias, llvm.readonly},
                         %w_arg: memref<${N}x${WT}> {llvm.noalias, llvm.readonly},
@@ -58,6 +62,7 @@ gpu.module @normir [${TARGET}] {
     %w_regs = arith.constant ${PREFETCH_W}
     %atomic_dw = arith.constant ${ATOMIC_DW}
     %l2_prefetch = arith.constant ${L2_PREFETCH}
+    %stage_on = arith.constant ${STAGE}
     %eb = arith.constant ${EB} : index
     %inv_n = arith.constant ${INV_N} : f32
     %zero_v = arith.constant dense<0.0> : vector<${V}xf32>
@@ -93,6 +98,12 @@ gpu.module @normir [${TARGET}] {
     %dy_base = memref.extract_aligned_pointer_as_index %dy_arg : memref<${N}x${T}> -> index
     %group_stride = arith.muli %clusters, %rows_per_block : index
     %part_row = arith.addi %part_base, %slot : index
+    // STAGE buffers (dynamic shared memory): [buffer][x, dy][k][thread] -> one 16-byte chunk.
+    %dyn = gpu.dynamic_shared_memory : memref<?xi8, #gpu.address_space<workgroup>>
+    %stage = memref.view %dyn[%c0][] : memref<?xi8, #gpu.address_space<workgroup>>
+        to memref<2x2x${K}x${BLOCK}x${V}x${T}, #gpu.address_space<workgroup>>
+    %stage_base = memref.extract_aligned_pointer_as_index %stage
+        : memref<2x2x${K}x${BLOCK}x${V}x${T}, #gpu.address_space<workgroup>> -> index
 
     // w (fp32) and zeroed dw sums, once per block.
     affine.for %k = 0 to ${K} {
@@ -116,6 +127,16 @@ gpu.module @normir [${TARGET}] {
     %groups_m1 = arith.addi %rows, %rows_per_block : index
     %groups_m2 = arith.subi %groups_m1, %c1 : index
     %groups = arith.divui %groups_m2, %rows_per_block : index
+    scf.if %stage_on {
+      %first_row_base = arith.muli %cid, %rows_per_block : index
+      %first_row = arith.addi %first_row_base, %slot : index
+      %first_ok = arith.cmpi ult, %first_row, %rows : index
+      scf.if %first_ok {
+        func.call @normir_bwd_stage(%x_base, %dy_base, %stage_base, %first_row, %c0, %x_stride, %dy_stride,
+                                    %lane, %tid, %col_base) : (index, index, index, index, index, index, index, index, index, index) -> ()
+      }
+      func.call @normir_stage_commit() : () -> ()
+    }
     scf.for %g = %cid to %groups step %clusters {
       %first_iter = arith.cmpi eq, %g, %cid : index
       %iter = arith.divui %g, %clusters : index
@@ -137,6 +158,16 @@ gpu.module @normir [${TARGET}] {
       %pf_row = arith.addi %row, %group_stride : index
       %pf_row_ok = arith.cmpi ult, %pf_row, %rows : index
       %pf_on = arith.andi %l2_prefetch, %pf_row_ok : i1
+      scf.if %stage_on {
+        // Copy the next row into the other buffer, then wait for this row's copies only.
+        %other = arith.subi %c1, %parity : index
+        scf.if %pf_row_ok {
+          func.call @normir_bwd_stage(%x_base, %dy_base, %stage_base, %pf_row, %other, %x_stride, %dy_stride,
+                                      %lane, %tid, %col_base) : (index, index, index, index, index, index, index, index, index, index) -> ()
+        }
+        func.call @normir_stage_commit() : () -> ()
+        func.call @normir_stage_wait_older() : () -> ()
+      }
 
       // Pass 1: dot = sum_j x_hat * wdy, lane-wise in fp32.
       %dot_vec = affine.for %k = 0 to ${K} iter_args(%acc = %zero_v) -> (vector<${V}xf32>) {
@@ -149,8 +180,10 @@ gpu.module @normir [${TARGET}] {
         %live_col = arith.ori %always, %in_row : i1
         %live = arith.andi %live_col, %row_valid : i1
         %xv, %dyv = scf.if %live -> (vector<${V}x${T}>, vector<${V}x${T}>) {
-          %a = vector.load %x[%row, %col] {alignment = ${ALIGN}} : memref<?x${N}x${T}, strided<[?, 1]>>, vector<${V}x${T}>
-          %b = vector.load %dy[%row, %col] {alignment = ${ALIGN}} : memref<?x${N}x${T}, strided<[?, 1]>>, vector<${V}x${T}>
+          %a, %b = func.call @normir_bwd_row_chunk(%x_arg, %dy_arg, %stage, %rows, %x_stride, %dy_stride, %row, %col,
+                                                   %parity, %k, %tid, %stage_on)
+              : (memref<${N}x${T}>, memref<${N}x${T}>, memref<2x2x${K}x${BLOCK}x${V}x${T}, #gpu.address_space<workgroup>>,
+                 index, index, index, index, index, index, index, index, i1) -> (vector<${V}x${T}>, vector<${V}x${T}>)
           scf.yield %a, %b : vector<${V}x${T}>, vector<${V}x${T}>
         } else {
           scf.yield %zero_t, %zero_t : vector<${V}x${T}>, vector<${V}x${T}>
@@ -209,8 +242,10 @@ gpu.module @normir [${TARGET}] {
           scf.yield %a, %b : vector<${V}x${T}>, vector<${V}x${T}>
         } else {
           %a, %b = scf.if %live -> (vector<${V}x${T}>, vector<${V}x${T}>) {
-            %a1 = vector.load %x[%row, %col] {alignment = ${ALIGN}} : memref<?x${N}x${T}, strided<[?, 1]>>, vector<${V}x${T}>
-            %b1 = vector.load %dy[%row, %col] {alignment = ${ALIGN}} : memref<?x${N}x${T}, strided<[?, 1]>>, vector<${V}x${T}>
+            %a1, %b1 = func.call @normir_bwd_row_chunk(%x_arg, %dy_arg, %stage, %rows, %x_stride, %dy_stride, %row,
+                                                       %col, %parity, %k, %tid, %stage_on)
+                : (memref<${N}x${T}>, memref<${N}x${T}>, memref<2x2x${K}x${BLOCK}x${V}x${T}, #gpu.address_space<workgroup>>,
+                   index, index, index, index, index, index, index, index, i1) -> (vector<${V}x${T}>, vector<${V}x${T}>)
             scf.yield %a1, %b1 : vector<${V}x${T}>, vector<${V}x${T}>
           } else {
             scf.yield %zero_t, %zero_t : vector<${V}x${T}>, vector<${V}x${T}>
@@ -283,6 +318,79 @@ gpu.module @normir [${TARGET}] {
     func.call @normir_cluster_arrive() : () -> ()
     func.call @normir_cluster_wait() : () -> ()
     gpu.return
+  }
+
+  // Chunk k of this thread in row `row`: x and dy from the STAGE buffer `buf`, or from memory.
+  func.func private @normir_bwd_row_chunk(%x_arg: memref<${N}x${T}>, %dy_arg: memref<${N}x${T}>,
+      %stage: memref<2x2x${K}x${BLOCK}x${V}x${T}, #gpu.address_space<workgroup>>, %rows: index,
+      %x_stride: index, %dy_stride: index, %row: index, %col: index, %buf: index, %k: index, %tid: index,
+      %stage_on: i1) -> (vector<${V}x${T}>, vector<${V}x${T}>) attributes {llvm.linkage = #llvm.linkage<internal>} {
+    %c0 = arith.constant 0 : index
+    %c1 = arith.constant 1 : index
+    %x = memref.reinterpret_cast %x_arg to offset: [0], sizes: [%rows, ${N}], strides: [%x_stride, 1]
+        : memref<${N}x${T}> to memref<?x${N}x${T}, strided<[?, 1]>>
+    %dy = memref.reinterpret_cast %dy_arg to offset: [0], sizes: [%rows, ${N}], strides: [%dy_stride, 1]
+        : memref<${N}x${T}> to memref<?x${N}x${T}, strided<[?, 1]>>
+    %a, %b = scf.if %stage_on -> (vector<${V}x${T}>, vector<${V}x${T}>) {
+      %a1 = vector.load %stage[%buf, %c0, %k, %tid, %c0] : memref<2x2x${K}x${BLOCK}x${V}x${T}, #gpu.address_space<workgroup>>, vector<${V}x${T}>
+      %b1 = vector.load %stage[%buf, %c1, %k, %tid, %c0] : memref<2x2x${K}x${BLOCK}x${V}x${T}, #gpu.address_space<workgroup>>, vector<${V}x${T}>
+      scf.yield %a1, %b1 : vector<${V}x${T}>, vector<${V}x${T}>
+    } else {
+      %a1 = vector.load %x[%row, %col] {alignment = ${ALIGN}} : memref<?x${N}x${T}, strided<[?, 1]>>, vector<${V}x${T}>
+      %b1 = vector.load %dy[%row, %col] {alignment = ${ALIGN}} : memref<?x${N}x${T}, strided<[?, 1]>>, vector<${V}x${T}>
+      scf.yield %a1, %b1 : vector<${V}x${T}>, vector<${V}x${T}>
+    }
+    return %a, %b : vector<${V}x${T}>, vector<${V}x${T}>
+  }
+
+  // Start copying this thread's chunks of x and dy of `row` into STAGE buffer `buf` (16 bytes
+  // each; chunks past the row end are not copied and read as zeros).
+  func.func private @normir_bwd_stage(%x_base: index, %dy_base: index, %stage_base: index, %row: index,
+      %buf: index, %x_stride: index, %dy_stride: index, %lane: index, %tid: index, %col_base: index)
+      attributes {llvm.linkage = #llvm.linkage<internal>} {
+    %tpr = arith.constant ${TPR} : index
+    %vw = arith.constant ${V} : index
+    %k_full = arith.constant ${KFULL} : index
+    %nchunk = arith.constant ${NCHUNK} : index
+    %eb = arith.constant ${EB} : index
+    %sixteen = arith.constant 16 : index
+    %block_bytes = arith.constant ${STAGE_BLOCK_BYTES} : index  // one k of one tensor: BLOCK x 16
+    %k_count = arith.constant ${K} : index
+    %x_row = arith.muli %row, %x_stride : index
+    %dy_row = arith.muli %row, %dy_stride : index
+    %two = arith.constant 2 : index
+    %buf_tensors = arith.muli %buf, %two : index
+    %thread_byte = arith.muli %tid, %sixteen : index
+    affine.for %k = 0 to ${K} {
+      %ck = arith.muli %k, %tpr : index
+      %chunk = arith.addi %ck, %lane : index
+      %col_in = arith.muli %chunk, %vw : index
+      %col = arith.addi %col_base, %col_in : index
+      %always = arith.cmpi ult, %k, %k_full : index
+      %in_row = arith.cmpi ult, %chunk, %nchunk : index
+      %live = arith.ori %always, %in_row : i1
+      scf.if %live {
+        // Shared byte offset of [buf][tensor][k][tid]: ((buf * 2 + tensor) * K + k) * BLOCK * 16 + tid * 16.
+        %xk_slot = arith.muli %buf_tensors, %k_count : index
+        %xk = arith.addi %xk_slot, %k : index
+        %x_dst_k = arith.muli %xk, %block_bytes : index
+        %x_dst_off = arith.addi %x_dst_k, %thread_byte : index
+        %x_dst = arith.addi %stage_base, %x_dst_off : index
+        %dyk = arith.addi %xk, %k_count : index
+        %dy_dst_k = arith.muli %dyk, %block_bytes : index
+        %dy_dst_off = arith.addi %dy_dst_k, %thread_byte : index
+        %dy_dst = arith.addi %stage_base, %dy_dst_off : index
+        %x_elem = arith.addi %x_row, %col : index
+        %x_byte = arith.muli %x_elem, %eb : index
+        %x_src = arith.addi %x_base, %x_byte : index
+        %dy_elem = arith.addi %dy_row, %col : index
+        %dy_byte = arith.muli %dy_elem, %eb : index
+        %dy_src = arith.addi %dy_base, %dy_byte : index
+        func.call @normir_stage_copy(%x_dst, %x_src) : (index, index) -> ()
+        func.call @normir_stage_copy(%dy_dst, %dy_src) : (index, index) -> ()
+      }
+    }
+    return
   }
 
   // w[col : col + V] in fp32 from memory; ones where there is no weight or the chunk is past

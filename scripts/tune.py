@@ -14,22 +14,23 @@ import json
 import os
 import sys
 
-VARIANTS = {  # (op, N, dtype): layouts to compare, as NORMIR_TPR values TPR[xCLUSTER][p0|p1] ("0": the policy's)
-    ("fwd", 8192, "bf16"): ("0", "0p0"),
-    ("fwd", 16384, "bf16"): ("0", "0p0"),
-    ("fwd", 32768, "bf16"): ("0", "0p0"),
-    ("fwd", 65536, "bf16"): ("0", "0p0", "0x2", "0x2p0"),
-    ("fwd", 65536, "f32"): ("0", "0x1", "0x1p0", "0x2p0"),
-    ("bwd", 2880, "bf16"): ("0", "0p0"),
-    ("bwd", 7168, "bf16"): ("0", "0p0"),
-    ("bwd", 16384, "bf16"): ("0", "0p0", "1024"),
-    ("bwd", 32768, "bf16"): ("0", "0p0", "1024x2", "1024x2p0"),
-    ("bwd", 65536, "bf16"): ("0", "0p0", "1024x4", "1024x4p0"),
+VARIANTS = {  # (op, N, dtype): layouts to compare, as NORMIR_TPR values ("0": the policy's)
+    ("fwd", 65536, "bf16"): ("0",),
+    ("fwd", 65536, "f32"): ("0",),
+    ("bwd", 1024, "bf16"): ("0", "0p0"),
+    ("bwd", 2048, "bf16"): ("0", "0p0"),
+    ("bwd", 2880, "bf16"): ("0", "0s0"),
+    ("bwd", 4096, "bf16"): ("0", "0s0", "0s0p0"),
+    ("bwd", 7168, "bf16"): ("0", "0s0"),
+    ("bwd", 8192, "bf16"): ("0", "0s0"),
+    ("bwd", 16384, "bf16"): ("0", "0s0"),
+    ("bwd", 32768, "bf16"): ("0", "0s0", "1024x2"),
+    ("bwd", 65536, "bf16"): ("0", "0s0", "1024x4"),
 }
 KERNEL = {"fwd": "rmsnorm_fwd", "bwd": "rmsnorm_bwd"}
 
 
-def _parse(variant: str) -> tuple[int, int, int]:
+def _parse(variant: str) -> tuple[int, int, int, int]:
     from normir.launch import tpr_overrides
 
     os.environ["NORMIR_TPR"] = f"k:1={variant}"
@@ -46,7 +47,7 @@ def plan() -> list[dict]:
     out = []
     for (op, n, dt), variants in VARIANTS.items():
         for variant in variants:
-            tpr, cluster, l2 = _parse(variant)
+            tpr, cluster, l2, stage = _parse(variant)
             vec = max_vec(n, DTYPES[dt])
             fwd = dict(kernel="rmsnorm_fwd", n=n, dtype=dt, wdtype=dt, eps=1e-6, target="sm_90",
                        vec=vec, tpr=tpr, cluster=cluster, l2_prefetch=l2)
@@ -54,7 +55,7 @@ def plan() -> list[dict]:
                 out += [{**fwd, "store_rstd": False}, {**fwd, "store_rstd": True}]
             else:
                 bwd = dict(kernel="rmsnorm_bwd", n=n, dtype=dt, wdtype=dt, eps=BWD_KEY_EPS,
-                           target="sm_90", vec=vec, tpr=tpr, cluster=cluster, l2_prefetch=l2)
+                           target="sm_90", vec=vec, tpr=tpr, cluster=cluster, l2_prefetch=l2, stage=stage)
                 out += [bwd, {**bwd, "has_weight": False}]
                 out.append({**fwd, "store_rstd": True, "tpr": 0, "cluster": 0, "l2_prefetch": -1})
     return out
@@ -92,9 +93,11 @@ def run() -> None:
                 ms = do_bench(fn, warmup=25, rep=100, return_mode="median")
                 gbs = nbytes / ms / 1e6
                 row.append(f"{variant}{tag}({lay.tpr}x{lay.cluster},k{lay.k},{'regs' if lay.cache_row else 'stream'}"
-                           f"{',dw' if lay.dw_regs else ''}{',pf' if lay.l2_prefetch else ''}) {gbs:.0f}")
+                           f"{',dw' if lay.dw_regs else ''}{',pf' if lay.l2_prefetch else ''}"
+                           f"{',stage' if lay.stage else ''}) {gbs:.0f}")
                 results.append(dict(op=op, n=n, dtype=dt, variant=variant + tag, layout_tpr=lay.tpr,
-                                    cluster=lay.cluster, l2_prefetch=lay.l2_prefetch, k=lay.k, us=ms * 1e3, gbs=gbs))
+                                    cluster=lay.cluster, l2_prefetch=lay.l2_prefetch, stage=lay.stage, k=lay.k,
+                                    us=ms * 1e3, gbs=gbs))
         print(f"{op} {dt} {m}x{n}: " + " | ".join(row), flush=True)
     os.environ["NORMIR_TPR"] = ""
     out = os.environ.get("OUT", ".")

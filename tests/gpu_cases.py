@@ -24,6 +24,9 @@ ALIGN_CASES = ((4096, 4096, 1), (4096, 4100, 0), (4096, 4104, 0), (1023, 1023, 0
 # (the layout sm_80 gets: x, dy re-read and the dw sums in memory), which the H200's own policy
 # no longer reaches.
 CLUSTER_CASES = ((2880, 4, "bf16"), (5120, 2, "f32"), (8192, 8, "bf16"), (65536, 1, "bf16"), (65536, 8, "f16"))
+# Backward rows the policy stages through shared memory, forced back to the L2-prefetching
+# re-read path (what targets without asynchronous copies get).
+UNSTAGED_N = (7168, 32768)
 BENCH_N = (1024, 2048, 2880, 4096, 7168, 8192, 16384, 32768, 65536)
 PROFILE_N = 4096  # scripts/host_profile.py
 
@@ -33,10 +36,10 @@ def _fwd(n, dt, wdt, eps=1e-6, has_weight=True, store_rstd=True, vec=0, cluster=
                 has_weight=has_weight, store_rstd=store_rstd, vec=vec or max_vec(n, DTYPES[dt]), cluster=cluster)
 
 
-def _bwd(n, dt, wdt, has_weight=True, atomic=False, vec=0, cluster=0):
+def _bwd(n, dt, wdt, has_weight=True, atomic=False, vec=0, cluster=0, stage=-1):
     out = [dict(kernel="rmsnorm_bwd", n=n, dtype=dt, wdtype=wdt, eps=BWD_KEY_EPS, target="sm_90",
                 has_weight=has_weight, store_rstd=False, vec=vec or max_vec(n, DTYPES[dt]), atomic_dw=atomic,
-                cluster=cluster)]
+                cluster=cluster, stage=stage)]
     if has_weight:
         out.append(dict(kernel="rmsnorm_dw_reduce", n=n, dtype="f32", wdtype=wdt, eps=BWD_KEY_EPS, target="sm_90",
                         has_weight=True, store_rstd=False, vec=max_vec(n, 4)))
@@ -69,6 +72,9 @@ def specializations() -> list[dict]:
                 plan += _bwd(n, dt, dt, vec=v)
     plan += _bwd(4096, "bf16", "bf16", atomic=True) + _bwd(1024, "f32", "f32", atomic=True)
     plan += _bwd(32768, "bf16", "bf16", atomic=True)
+    for n in UNSTAGED_N:
+        plan += _bwd(n, "bf16", "bf16", stage=0) + _bwd(n, "bf16", "bf16", stage=0, has_weight=False)
+        plan.append(_fwd(n, "bf16", "bf16"))
     for n, c, dt in CLUSTER_CASES:
         plan += [_fwd(n, dt, dt, cluster=c), _fwd(n, dt, dt, cluster=c, has_weight=False)]
         plan += _bwd(n, dt, dt, cluster=c) + _bwd(n, dt, dt, cluster=c, has_weight=False)

@@ -9,7 +9,7 @@ import math
 
 import pytest
 import torch
-from gpu_cases import ALIGN_CASES, CLUSTER_CASES, DTYPE_NAMES, EPS, FWD_M, FWD_N, LARGE_N, TRAIN_N
+from gpu_cases import ALIGN_CASES, CLUSTER_CASES, DTYPE_NAMES, EPS, FWD_M, FWD_N, LARGE_N, TRAIN_N, UNSTAGED_N
 
 import normir
 from normir import launch
@@ -210,6 +210,20 @@ def test_rows_split_over_a_cluster(monkeypatch, n, cluster, dt):
         check_bwd(x, None, 1e-6)
         if cluster > 1:
             check_bwd(x, w, 1e-6, atomic=True)
+    finally:
+        launch.clear_handles()
+
+
+@pytest.mark.parametrize("n", UNSTAGED_N)
+def test_bwd_without_staging(monkeypatch, n):
+    monkeypatch.setenv("NORMIR_TPR", f"rmsnorm_bwd:{n}=0s0")
+    launch.clear_handles()
+    try:
+        _, lay = launch.handle("rmsnorm_bwd", 0, n, "bf16", "bf16", BWD_KEY_EPS, True, False, 8)
+        assert not lay.stage and lay.l2_prefetch
+        x = make((1000, n), torch.bfloat16)
+        check_bwd(x, make((n,), torch.bfloat16) + 1, 1e-6)
+        check_bwd(x, None, 1e-6)
     finally:
         launch.clear_handles()
 

@@ -97,7 +97,8 @@ MESSAGES = {100: "no CUDA-capable device is detected", 218: "a PTX JIT compilati
 class FakeCuda(FakeLib):
     SYMBOLS = ("cuInit", "cuModuleLoadData", "cuModuleGetFunction", "cuLaunchKernel", "cuGetErrorString",
                "cuDeviceGet", "cuDevicePrimaryCtxRetain", "cuCtxSetCurrent",
-               "cuOccupancyMaxActiveBlocksPerMultiprocessor", "cuLaunchKernelEx", "cuOccupancyMaxActiveClusters")
+               "cuOccupancyMaxActiveBlocksPerMultiprocessor", "cuLaunchKernelEx", "cuOccupancyMaxActiveClusters",
+               "cuFuncSetAttribute")
 
     def _cuInit(self, flags):
         return self.code("cuInit")
@@ -122,6 +123,9 @@ class FakeCuda(FakeLib):
         self._record_launch(fn, *u32, stream, params, extra)
         self.launches[-1]["attrs"] = _attrs(config)
         return self.code("cuLaunchKernel")
+
+    def _cuFuncSetAttribute(self, fn, attr, value):
+        return self.code("cuFuncSetAttribute")
 
     def _cuOccupancyMaxActiveClusters(self, n, fn, config):
         # The fake GPU runs 132 blocks at once, in whole clusters of the configured size.
@@ -155,7 +159,7 @@ class FakeCuda(FakeLib):
 class FakeHip(FakeLib):
     SYMBOLS = ("hipInit", "hipModuleLoadData", "hipModuleGetFunction", "hipModuleLaunchKernel",
                "hipGetErrorString", "hipDeviceGet", "hipSetDevice",
-               "hipModuleOccupancyMaxActiveBlocksPerMultiprocessor")
+               "hipModuleOccupancyMaxActiveBlocksPerMultiprocessor", "hipFuncSetAttribute")
 
     def _hipInit(self, flags):
         return self.code("hipInit")
@@ -180,6 +184,9 @@ class FakeHip(FakeLib):
 
     def _hipSetDevice(self, device):
         return self.code("hipSetDevice")
+
+    def _hipFuncSetAttribute(self, fn, attr, value):
+        return 0
 
     def _hipModuleOccupancyMaxActiveBlocksPerMultiprocessor(self, n, fn, block, smem):
         _set_out(n, self.occupancy_value)
@@ -335,6 +342,29 @@ def test_cluster_launch_carries_the_cluster_dimension():
     assert plain.resident(132) == 132 * 3
     plain.launch(1, 0, 1, 2, 3)
     assert lib.launches[1]["attrs"] == []
+
+
+@pytest.mark.parametrize("vendor, fake, setattr_name", [("cuda", lambda: FakeCuda(), "cuFuncSetAttribute"),
+                                                        ("hip", lambda: FakeHip(), "hipFuncSetAttribute")])
+def test_dynamic_shared_memory(vendor, fake, setattr_name):
+    lib = fake()
+    d = Driver(vendor, lib=lib)
+    occupancy = runtime._SYMBOLS[vendor]["occupancy"]
+    small = LaunchHandle(d, d.function(0, "k", b"bin", "rmsnorm_bwd"), "rmsnorm_bwd", 512, ("p",), shared_bytes=24576)
+    assert lib.called(setattr_name) == []  # within the default 48 KB: no attribute needed
+    big = LaunchHandle(d, d.function(0, "k", b"bin", "rmsnorm_bwd"), "rmsnorm_bwd", 512, ("p",), shared_bytes=131072)
+    (fn, attr, value), = lib.called(setattr_name)
+    assert (attr, value) == (8, 131072)  # MAX_DYNAMIC_SHARED_SIZE_BYTES
+    assert [args[3] for args in lib.called(occupancy)][-2:] == [24576, 131072]
+    small.launch(3, 0, 1)
+    big.launch(3, 0, 1)
+    assert [launch["shmem"] for launch in lib.launches] == [24576, 131072]
+
+
+def test_shared_memory_refused_is_reported():
+    d = Driver("cuda", lib=FakeCuda(cuFuncSetAttribute=1))
+    with pytest.raises(DriverError, match=r"^cuFuncSetAttribute \(131072 bytes of shared memory\) failed with error 1"):
+        LaunchHandle(d, d.function(0, "k", b"bin", "rmsnorm_bwd"), "rmsnorm_bwd", 512, ("p",), shared_bytes=131072)
 
 
 def test_cluster_kernel_on_hip_is_refused():

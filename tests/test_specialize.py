@@ -110,16 +110,16 @@ def test_key_string_is_stable_text():
     o = Options(kernel="rmsnorm_fwd", n=4096)
     assert o.key_string() == (
         "kernel='rmsnorm_fwd';n=4096;dtype='bf16';wdtype='bf16';eps=9.999999974752427e-07;target='sm_90';"
-        "has_weight=True;store_rstd=False;vec=8;atomic_dw=False;tpr=0;cluster=0;l2_prefetch=-1"
+        "has_weight=True;store_rstd=False;vec=8;atomic_dw=False;tpr=0;cluster=0;l2_prefetch=-1;stage=-1"
     )
     assert o.digest() == hashlib.sha256(o.key_string().encode()).hexdigest()
-    assert o.digest() == "77045cd6b49f19abc0129b5260ff939eeda6d206ea75d9a333cd19f1dc8fa96f"
+    assert o.digest() == "4e17c19c60c5e6495670f1b7199258af674008da23e256b94b9c4dc516d089dc"
     assert "layout" not in o.key_string()
 
 
 _ALTERNATIVES = dict(kernel="rmsnorm_bwd", n=2048, dtype="f16", wdtype="f32", eps=1e-5, target="gfx950",
                      has_weight=False, store_rstd=True, vec=4, atomic_dw=True, tpr=256, cluster=2,
-                     l2_prefetch=0)
+                     l2_prefetch=0, stage=0)
 
 
 def test_alternatives_cover_every_key_field():
@@ -329,10 +329,12 @@ def test_forced_cluster(kernel):
 
 
 def test_l2_prefetch_policy():
-    # On where a block has one row (NVIDIA); the flag can be forced either way where it exists.
-    assert Options(kernel="rmsnorm_fwd", n=8192).layout.l2_prefetch
-    assert Options(kernel="rmsnorm_bwd", n=32768).layout.l2_prefetch
-    assert not Options(kernel="rmsnorm_fwd", n=1024).layout.l2_prefetch  # several rows per block
+    # On for the backward's one-row blocks that are not staged (NVIDIA), off for the forward;
+    # the flag can be forced either way where the target has the instruction.
+    assert Options(kernel="rmsnorm_bwd", n=32768, stage=0).layout.l2_prefetch
+    assert not Options(kernel="rmsnorm_bwd", n=32768).layout.l2_prefetch  # staged instead
+    assert not Options(kernel="rmsnorm_fwd", n=8192).layout.l2_prefetch
+    assert not Options(kernel="rmsnorm_bwd", n=64).layout.l2_prefetch  # several rows per block
     assert not Options(kernel="rmsnorm_fwd", n=8192, l2_prefetch=0).layout.l2_prefetch
     assert Options(kernel="rmsnorm_fwd", n=1024, l2_prefetch=1).layout.l2_prefetch
     assert not Options(kernel="rmsnorm_fwd", n=8192, target="gfx950").layout.l2_prefetch
@@ -341,6 +343,24 @@ def test_l2_prefetch_policy():
         Options(kernel="rmsnorm_fwd", n=8192, target="gfx950", l2_prefetch=1)
     with pytest.raises(ValueError, match=r"^l2_prefetch=2: choose 1 \(on\), 0 \(off\) or -1"):
         Options(kernel="rmsnorm_fwd", n=8192, l2_prefetch=2)
+
+
+def test_stage_policy():
+    # Backward rows re-read in pass 2 are staged through shared memory on NVIDIA targets when
+    # the chunks are 16 bytes; the buffers' size is the launch's dynamic shared memory.
+    lay = Options(kernel="rmsnorm_bwd", n=16384).layout
+    assert lay.stage and not lay.l2_prefetch and lay.smem_bytes == 4 * lay.k * lay.block * 16 == 131072
+    assert Options(kernel="rmsnorm_bwd", n=16384, stage=0).layout.l2_prefetch  # the fallback prefetches
+    assert not Options(kernel="rmsnorm_bwd", n=1024).layout.stage  # held in registers
+    assert not Options(kernel="rmsnorm_bwd", n=16384, vec=4).layout.stage  # 8-byte chunks
+    assert not Options(kernel="rmsnorm_bwd", n=16384, target="gfx950").layout.stage
+    fwd = Options(kernel="rmsnorm_fwd", n=16384).layout
+    assert not fwd.stage and fwd.smem_bytes == 0
+    for bad in (dict(target="gfx950"), dict(vec=4), dict(n=1024)):
+        with pytest.raises(ValueError, match=r"^stage=1 needs a target with asynchronous copies"):
+            Options(kernel="rmsnorm_bwd", **{"n": 16384, "stage": 1, **bad})
+    with pytest.raises(ValueError, match=r"^stage=5: choose 1"):
+        Options(kernel="rmsnorm_bwd", n=16384, stage=5)
 
 
 def test_reduce_layout():
