@@ -153,7 +153,6 @@ class Driver:
 _BUFFER_POINTER, _BUFFER_SIZE = 1, 2
 # CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, hipFuncAttributeMaxDynamicSharedMemorySize.
 _MAX_DYNAMIC_SHARED_SIZE_BYTES = 8
-_DEFAULT_SHARED_LIMIT = 48 * 1024
 
 
 class _LaunchConfig(ctypes.Structure):
@@ -200,7 +199,8 @@ class LaunchHandle:
         self._extra = (vp * 5)(_BUFFER_POINTER, ctypes.addressof(self._buf), _BUFFER_SIZE,
                                ctypes.addressof(self._size), self.driver.sym["param_end"])
         self._fn = self.fn.value
-        if self.shared_bytes > _DEFAULT_SHARED_LIMIT:
+        if self.shared_bytes:
+            # Static shared variables count toward the 48 KB default too: always lift it.
             self.driver.allow_shared(self.fn, self.shared_bytes)
         self.blocks_per_sm = self.driver.occupancy(self.fn, self.block, self.shared_bytes)
         self._config = _LaunchConfig(1, 1, 1, self.block, 1, 1, self.shared_bytes, None, None, 0)

@@ -99,11 +99,7 @@ gpu.module @normir [${TARGET}] {
     %group_stride = arith.muli %clusters, %rows_per_block : index
     %part_row = arith.addi %part_base, %slot : index
     // STAGE buffers (dynamic shared memory): [buffer][x, dy][k][thread] -> one 16-byte chunk.
-    %dyn = gpu.dynamic_shared_memory : memref<?xi8, #gpu.address_space<workgroup>>
-    %stage = memref.view %dyn[%c0][] : memref<?xi8, #gpu.address_space<workgroup>>
-        to memref<2x2x${K}x${BLOCK}x${V}x${T}, #gpu.address_space<workgroup>>
-    %stage_base = memref.extract_aligned_pointer_as_index %stage
-        : memref<2x2x${K}x${BLOCK}x${V}x${T}, #gpu.address_space<workgroup>> -> index
+    %stage_base = func.call @normir_stage_base() : () -> index
 
     // w (fp32) and zeroed dw sums, once per block.
     affine.for %k = 0 to ${K} {
@@ -180,10 +176,10 @@ gpu.module @normir [${TARGET}] {
         %live_col = arith.ori %always, %in_row : i1
         %live = arith.andi %live_col, %row_valid : i1
         %xv, %dyv = scf.if %live -> (vector<${V}x${T}>, vector<${V}x${T}>) {
-          %a, %b = func.call @normir_bwd_row_chunk(%x_arg, %dy_arg, %stage, %rows, %x_stride, %dy_stride, %row, %col,
-                                                   %parity, %k, %tid, %stage_on)
-              : (memref<${N}x${T}>, memref<${N}x${T}>, memref<2x2x${K}x${BLOCK}x${V}x${T}, #gpu.address_space<workgroup>>,
-                 index, index, index, index, index, index, index, index, i1) -> (vector<${V}x${T}>, vector<${V}x${T}>)
+          %a, %b = func.call @normir_bwd_row_chunk(%x_arg, %dy_arg, %stage_base, %rows, %x_stride, %dy_stride, %row,
+                                                   %col, %parity, %k, %tid, %stage_on)
+              : (memref<${N}x${T}>, memref<${N}x${T}>, index, index, index, index, index, index, index, index, index, i1)
+              -> (vector<${V}x${T}>, vector<${V}x${T}>)
           scf.yield %a, %b : vector<${V}x${T}>, vector<${V}x${T}>
         } else {
           scf.yield %zero_t, %zero_t : vector<${V}x${T}>, vector<${V}x${T}>
@@ -242,10 +238,10 @@ gpu.module @normir [${TARGET}] {
           scf.yield %a, %b : vector<${V}x${T}>, vector<${V}x${T}>
         } else {
           %a, %b = scf.if %live -> (vector<${V}x${T}>, vector<${V}x${T}>) {
-            %a1, %b1 = func.call @normir_bwd_row_chunk(%x_arg, %dy_arg, %stage, %rows, %x_stride, %dy_stride, %row,
-                                                       %col, %parity, %k, %tid, %stage_on)
-                : (memref<${N}x${T}>, memref<${N}x${T}>, memref<2x2x${K}x${BLOCK}x${V}x${T}, #gpu.address_space<workgroup>>,
-                   index, index, index, index, index, index, index, index, i1) -> (vector<${V}x${T}>, vector<${V}x${T}>)
+            %a1, %b1 = func.call @normir_bwd_row_chunk(%x_arg, %dy_arg, %stage_base, %rows, %x_stride, %dy_stride,
+                                                       %row, %col, %parity, %k, %tid, %stage_on)
+                : (memref<${N}x${T}>, memref<${N}x${T}>, index, index, index, index, index, index, index, index, index, i1)
+                -> (vector<${V}x${T}>, vector<${V}x${T}>)
             scf.yield %a1, %b1 : vector<${V}x${T}>, vector<${V}x${T}>
           } else {
             scf.yield %zero_t, %zero_t : vector<${V}x${T}>, vector<${V}x${T}>
@@ -322,18 +318,18 @@ gpu.module @normir [${TARGET}] {
 
   // Chunk k of this thread in row `row`: x and dy from the STAGE buffer `buf`, or from memory.
   func.func private @normir_bwd_row_chunk(%x_arg: memref<${N}x${T}>, %dy_arg: memref<${N}x${T}>,
-      %stage: memref<2x2x${K}x${BLOCK}x${V}x${T}, #gpu.address_space<workgroup>>, %rows: index,
-      %x_stride: index, %dy_stride: index, %row: index, %col: index, %buf: index, %k: index, %tid: index,
-      %stage_on: i1) -> (vector<${V}x${T}>, vector<${V}x${T}>) attributes {llvm.linkage = #llvm.linkage<internal>} {
+      %stage_base: index, %rows: index, %x_stride: index, %dy_stride: index, %row: index, %col: index,
+      %buf: index, %k: index, %tid: index, %stage_on: i1) -> (vector<${V}x${T}>, vector<${V}x${T}>)
+      attributes {llvm.linkage = #llvm.linkage<internal>} {
     %c0 = arith.constant 0 : index
-    %c1 = arith.constant 1 : index
     %x = memref.reinterpret_cast %x_arg to offset: [0], sizes: [%rows, ${N}], strides: [%x_stride, 1]
         : memref<${N}x${T}> to memref<?x${N}x${T}, strided<[?, 1]>>
     %dy = memref.reinterpret_cast %dy_arg to offset: [0], sizes: [%rows, ${N}], strides: [%dy_stride, 1]
         : memref<${N}x${T}> to memref<?x${N}x${T}, strided<[?, 1]>>
     %a, %b = scf.if %stage_on -> (vector<${V}x${T}>, vector<${V}x${T}>) {
-      %a1 = vector.load %stage[%buf, %c0, %k, %tid, %c0] : memref<2x2x${K}x${BLOCK}x${V}x${T}, #gpu.address_space<workgroup>>, vector<${V}x${T}>
-      %b1 = vector.load %stage[%buf, %c1, %k, %tid, %c0] : memref<2x2x${K}x${BLOCK}x${V}x${T}, #gpu.address_space<workgroup>>, vector<${V}x${T}>
+      %x_at, %dy_at = func.call @normir_bwd_stage_slots(%stage_base, %buf, %k, %tid) : (index, index, index, index) -> (index, index)
+      %a1 = func.call @normir_stage_load(%x_at) : (index) -> vector<${V}x${T}>
+      %b1 = func.call @normir_stage_load(%dy_at) : (index) -> vector<${V}x${T}>
       scf.yield %a1, %b1 : vector<${V}x${T}>, vector<${V}x${T}>
     } else {
       %a1 = vector.load %x[%row, %col] {alignment = ${ALIGN}} : memref<?x${N}x${T}, strided<[?, 1]>>, vector<${V}x${T}>
@@ -341,6 +337,28 @@ gpu.module @normir [${TARGET}] {
       scf.yield %a1, %b1 : vector<${V}x${T}>, vector<${V}x${T}>
     }
     return %a, %b : vector<${V}x${T}>, vector<${V}x${T}>
+  }
+
+  // Shared addresses of this thread's chunk k of x and dy in STAGE buffer `buf`:
+  // stage_base + ((buf * 2 + tensor) * K + k) * BLOCK * 16 + tid * 16.
+  func.func private @normir_bwd_stage_slots(%stage_base: index, %buf: index, %k: index, %tid: index)
+      -> (index, index) attributes {llvm.linkage = #llvm.linkage<internal>} {
+    %two = arith.constant 2 : index
+    %sixteen = arith.constant 16 : index
+    %k_count = arith.constant ${K} : index
+    %block_bytes = arith.constant ${STAGE_BLOCK_BYTES} : index
+    %buf_x = arith.muli %buf, %two : index
+    %x_slot_k = arith.muli %buf_x, %k_count : index
+    %x_slot = arith.addi %x_slot_k, %k : index
+    %dy_slot = arith.addi %x_slot, %k_count : index
+    %thread_byte = arith.muli %tid, %sixteen : index
+    %x_k_byte = arith.muli %x_slot, %block_bytes : index
+    %dy_k_byte = arith.muli %dy_slot, %block_bytes : index
+    %x_off = arith.addi %x_k_byte, %thread_byte : index
+    %dy_off = arith.addi %dy_k_byte, %thread_byte : index
+    %x_at = arith.addi %stage_base, %x_off : index
+    %dy_at = arith.addi %stage_base, %dy_off : index
+    return %x_at, %dy_at : index, index
   }
 
   // Start copying this thread's chunks of x and dy of `row` into STAGE buffer `buf` (16 bytes
@@ -353,14 +371,8 @@ gpu.module @normir [${TARGET}] {
     %k_full = arith.constant ${KFULL} : index
     %nchunk = arith.constant ${NCHUNK} : index
     %eb = arith.constant ${EB} : index
-    %sixteen = arith.constant 16 : index
-    %block_bytes = arith.constant ${STAGE_BLOCK_BYTES} : index  // one k of one tensor: BLOCK x 16
-    %k_count = arith.constant ${K} : index
     %x_row = arith.muli %row, %x_stride : index
     %dy_row = arith.muli %row, %dy_stride : index
-    %two = arith.constant 2 : index
-    %buf_tensors = arith.muli %buf, %two : index
-    %thread_byte = arith.muli %tid, %sixteen : index
     affine.for %k = 0 to ${K} {
       %ck = arith.muli %k, %tpr : index
       %chunk = arith.addi %ck, %lane : index
@@ -370,16 +382,8 @@ gpu.module @normir [${TARGET}] {
       %in_row = arith.cmpi ult, %chunk, %nchunk : index
       %live = arith.ori %always, %in_row : i1
       scf.if %live {
-        // Shared byte offset of [buf][tensor][k][tid]: ((buf * 2 + tensor) * K + k) * BLOCK * 16 + tid * 16.
-        %xk_slot = arith.muli %buf_tensors, %k_count : index
-        %xk = arith.addi %xk_slot, %k : index
-        %x_dst_k = arith.muli %xk, %block_bytes : index
-        %x_dst_off = arith.addi %x_dst_k, %thread_byte : index
-        %x_dst = arith.addi %stage_base, %x_dst_off : index
-        %dyk = arith.addi %xk, %k_count : index
-        %dy_dst_k = arith.muli %dyk, %block_bytes : index
-        %dy_dst_off = arith.addi %dy_dst_k, %thread_byte : index
-        %dy_dst = arith.addi %stage_base, %dy_dst_off : index
+        %x_dst, %dy_dst = func.call @normir_bwd_stage_slots(%stage_base, %buf, %k, %tid)
+            : (index, index, index, index) -> (index, index)
         %x_elem = arith.addi %x_row, %col : index
         %x_byte = arith.muli %x_elem, %eb : index
         %x_src = arith.addi %x_base, %x_byte : index

@@ -74,7 +74,7 @@ def specializations() -> list[dict]:
     plan += _bwd(32768, "bf16", "bf16", atomic=True)
     for n in UNSTAGED_N:
         plan += _bwd(n, "bf16", "bf16", stage=0) + _bwd(n, "bf16", "bf16", stage=0, has_weight=False)
-        plan.append(_fwd(n, "bf16", "bf16"))
+        plan += [_fwd(n, "bf16", "bf16"), _fwd(n, "bf16", "bf16", has_weight=False)]
     for n, c, dt in CLUSTER_CASES:
         plan += [_fwd(n, dt, dt, cluster=c), _fwd(n, dt, dt, cluster=c, has_weight=False)]
         plan += _bwd(n, dt, dt, cluster=c) + _bwd(n, dt, dt, cluster=c, has_weight=False)

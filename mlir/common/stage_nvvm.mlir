@@ -1,7 +1,25 @@
   // normir common piece: stage for NVVM targets (sm_80+). 16-byte asynchronous copies from
   // global to shared memory (cp.async.cg: through L2, not L1), grouped and waited on per thread.
   // A thread only reads back the shared bytes it copied itself, so after its own wait no block
-  // barrier is needed.
+  // barrier is needed. The buffers are the launch's dynamic shared memory: an external,
+  // zero-length shared array (PTX `.extern .shared ... []`), which begins after the static
+  // shared variables. (gpu.dynamic_shared_memory lowers to an internal zero-byte global here,
+  // which ptxas places among the static ones.)
+  llvm.mlir.global external @normir_stage_smem() {addr_space = 3 : i32, alignment = 16 : i64} : !llvm.array<0 x i8>
+
+  func.func private @normir_stage_base() -> index attributes {llvm.linkage = #llvm.linkage<internal>} {
+    %ptr = llvm.mlir.addressof @normir_stage_smem : !llvm.ptr<3>
+    %addr = llvm.ptrtoint %ptr : !llvm.ptr<3> to i64
+    %base = arith.index_cast %addr : i64 to index
+    return %base : index
+  }
+  func.func private @normir_stage_load(%addr: index) -> vector<${V}x${T}>
+      attributes {llvm.linkage = #llvm.linkage<internal>} {
+    %addr_i64 = arith.index_cast %addr : index to i64
+    %ptr = llvm.inttoptr %addr_i64 : i64 to !llvm.ptr<3>
+    %v = llvm.load %ptr {alignment = 16 : i64} : !llvm.ptr<3> -> vector<${V}x${T}>
+    return %v : vector<${V}x${T}>
+  }
   func.func private @normir_stage_copy(%dst: index, %src: index)
       attributes {llvm.linkage = #llvm.linkage<internal>} {
     %dst_i64 = arith.index_cast %dst : index to i64
