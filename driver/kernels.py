@@ -54,7 +54,7 @@ KERNELS: dict[str, KernelSpec] = {
     for k in (
         KernelSpec(
             name="rmsnorm_fwd", template="rmsnorm_fwd.mlir", entry="rmsnorm_fwd",
-            # x, w, y, rstd, rows, x_stride, y_stride, rows ahead to prefetch into L2
+            # x, w, y, rstd, rows, x_stride, y_stride, grid (blocks)
             args=("p", "p", "p", "p", "q", "q", "q", "q"),
             grid="rows", layout=_fwd_layout,
         ),

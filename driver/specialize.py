@@ -23,8 +23,9 @@ MAX_THREADS = 1024
 REDUCE_CT, REDUCE_RT = 8, 32
 BWD_OVERHEAD_REGS = 36  # six pointers, three strides and the persistent loop's state
 ROWS_BLOCK = 256  # block size when several rows share a block
-PREFETCHING = ("rmsnorm_fwd", "rmsnorm_bwd")  # kernels with the L2 prefetch of the next row
+PREFETCHING = ("rmsnorm_bwd",)  # kernels with the L2 prefetch of the next row
 MAX_STAGE_BYTES = 200 * 1024  # STAGE buffers past this leave too little shared memory
+STAGING = {"rmsnorm_fwd": 1, "rmsnorm_bwd": 4}  # kernels with a STAGE layout: their buffer count
 MAX_CLUSTER = 8  # blocks of a thread-block cluster that share one row (the portable limit)
 # The backward splits rows whose dw sums need more than this many registers per thread: with
 # 64 (N=32768 bf16 in one 512-thread block) ptxas caps the block at 128 registers and spills.
@@ -59,12 +60,13 @@ class Layout:
     dw_regs: bool = False  # backward: dw sums kept in registers across the persistent loop
     cluster: int = 1  # blocks (one thread-block cluster) sharing each row; each takes N / cluster
     l2_prefetch: bool = False  # pass 1 also asks L2 for the block's next row (prefetch.global.L2)
-    stage: bool = False  # backward: x and dy staged through two shared-memory buffers (cp.async)
+    stage: bool = False  # rows staged through shared memory by asynchronous copies (cp.async)
+    stage_buffers: int = 0  # STAGE buffers of K x BLOCK 16-byte chunks: 4 backward (2 x x, dy), 1 forward
 
     @property
     def smem_bytes(self) -> int:
-        """Dynamic shared memory per block: the STAGE buffers (2 buffers x x, dy x K x BLOCK x 16)."""
-        return 4 * self.k * self.block * MAX_VECTOR_BYTES if self.stage else 0
+        """Dynamic shared memory per block: the STAGE buffers."""
+        return self.stage_buffers * self.k * self.block * MAX_VECTOR_BYTES if self.stage else 0
 
     @property
     def nsub(self) -> int:
@@ -170,16 +172,29 @@ def _bwd_block_layout(n: int, vec: int, held_bytes: int, tgt: targets.Target, tp
                   cache_row=cache_row, warp=warp, prefetch_w=False, dw_regs=dw_regs)
 
 
-def _staged(lay: Layout, stage: int, tgt: targets.Target, eb: int) -> Layout:
-    """The backward's STAGE choice: forced, or the policy's (rows re-read in pass 2 on a target
-    with asynchronous copies, 16-byte chunks, one row per block, buffers that fit)."""
-    fits = lay.vec * eb == MAX_VECTOR_BYTES and 4 * lay.k * lay.block * MAX_VECTOR_BYTES <= MAX_STAGE_BYTES
-    if stage == 1 and not (tgt.stage_piece and fits and not lay.cache_row):
+def _staged(kernel: str, lay: Layout, stage: int, tgt: targets.Target, eb: int) -> Layout:
+    """The STAGE choice: forced, or the policy's.
+
+    Backward (x, dy through two buffers, both passes read them): rows re-read in pass 2, four or
+    more chunks per thread, not split over a cluster. On the H200 (docs/results/*tune-v6*) this
+    gained 4-12% at N=7168/8192 and lost 2-6% to the L2 prefetch at 2880/4096 (2 chunks per
+    thread) and 25-30% with clusters (32768/65536).
+    Forward (persistent grid; the next row lands in one buffer while the current one, held in
+    registers, is written): rows of eight or more chunks per thread in one block.
+    Both need asynchronous copies, 16-byte chunks, one row per block and buffers that fit.
+    """
+    buffers = STAGING[kernel]
+    backward = kernel == "rmsnorm_bwd"
+    held = lay.cache_row != backward  # the backward streams the row; the forward holds it
+    fits = lay.vec * eb == MAX_VECTOR_BYTES and buffers * lay.k * lay.block * MAX_VECTOR_BYTES <= MAX_STAGE_BYTES
+    if stage == 1 and not (tgt.stage_piece and fits and held and lay.rows == 1):
         raise ValueError(f"stage=1 needs a target with asynchronous copies ({tgt.chip}: "
                          f"{'yes' if tgt.stage_piece else 'no'}), 16-byte chunks (here {lay.vec * eb}), "
-                         f"buffers within {MAX_STAGE_BYTES} bytes and a row not held in registers")
-    policy = bool(tgt.stage_piece) and fits and lay.rows == 1 and not lay.cache_row
-    return replace(lay, stage=policy if stage == -1 else bool(stage))
+                         f"buffers within {MAX_STAGE_BYTES} bytes, one row per block, and the row "
+                         f"{'re-read' if backward else 'held in registers'}")
+    policy = bool(tgt.stage_piece) and fits and held and lay.rows == 1 and lay.cluster == 1 \
+        and lay.k >= (4 if backward else 8)
+    return replace(lay, stage=policy if stage == -1 else bool(stage), stage_buffers=buffers)
 
 
 def reduce_layout(n: int, vec: int, warp: int) -> Layout:
@@ -293,18 +308,21 @@ class Options:
             raise ValueError(f"cluster={self.cluster} must split N={self.n} into whole vectors of {vec}")
         if self.l2_prefetch not in (-1, 0, 1):
             raise ValueError(f"l2_prefetch={self.l2_prefetch!r}: choose 1 (on), 0 (off) or -1 (the policy's)")
-        if self.l2_prefetch == 1 and tgt.prefetch_piece is None:
-            raise ValueError(f"l2_prefetch=1: {self.target} has no L2 prefetch instruction; use -1 or 0")
+        if self.l2_prefetch == 1 and (tgt.prefetch_piece is None or self.kernel not in PREFETCHING):
+            raise ValueError(f"l2_prefetch=1: {self.kernel} on {self.target} has no L2 prefetch of the next row; "
+                             "use -1 or 0")
         if self.stage not in (-1, 0, 1):
             raise ValueError(f"stage={self.stage!r}: choose 1 (on), 0 (off) or -1 (the policy's)")
         spec = KERNELS[self.kernel]
         lay = spec.layout(self, tgt)
-        if self.kernel == "rmsnorm_bwd":
-            lay = _staged(lay, self.stage, tgt, DTYPES[self.dtype])
+        if self.kernel in STAGING:
+            lay = _staged(self.kernel, lay, self.stage, tgt, DTYPES[self.dtype])
+        elif self.stage == 1:
+            raise ValueError(f"stage=1: {self.kernel} has no staged layout; use -1 or 0")
         if self.kernel in PREFETCHING:
             # Measured on the H200 (docs/results/*tune-v5*): +2-19% for the backward's one-row
-            # blocks, -3% to -24% for the forward's (it has no next row of its own to ask for).
-            policy = self.kernel == "rmsnorm_bwd" and lay.rows == 1 and not lay.stage and tgt.prefetch_piece is not None
+            # blocks; the forward, which lost 3-24% with it, has no L2 prefetch any more.
+            policy = lay.rows == 1 and not lay.stage and tgt.prefetch_piece is not None
             lay = replace(lay, l2_prefetch=policy if self.l2_prefetch == -1 else bool(self.l2_prefetch))
         object.__setattr__(self, "layout", lay)
 

@@ -11,35 +11,40 @@
 // lane; the last k may fall past the part's end and is masked. With CACHE_ROW the chunks
 // stay in a private array (registers after unrolling) between the two passes: x is read once.
 // Without it (rows too long for registers) the second pass reads x again, mostly from L2.
-// L2_PREFETCH: pass 1 also asks L2 for the same chunks of row + pf_rows (the row a block starts
-// about one wave later), so that memory stays busy while blocks reduce and wait.
+// Row groups: block (cluster) c takes groups c, c + GRID / CLUSTER, ... A launch of one block per
+// group runs the loop once per block; STAGE launches a persistent grid instead, in which each
+// thread copies its chunks of the block's next row into shared memory (cp.async) while the
+// current row, in registers, is normalized and written: HBM never waits on a reduction.
 //
 // Placeholders: N, T (x/y type), WT (weight type), EPS, V, ALIGN, BLOCK, ROWS, TPR, K, KFULL,
-// NCHUNK, CLUSTER, NSUB, EB (bytes per element), L2_PREFETCH, PREFETCH_PIECE, LATE_EXT_PIECE (pass 2's cast), CLUSTER_PIECE (cross-block sum),
-// HAS_WEIGHT, STORE_RSTD, CACHE_ROW, PREFETCH_W (weight chunks loaded in pass 1), EXT_T/EXT_WT
-// (cast to f32), TRUNC_T (cast from f32), TARGET (gpu.module target attribute), and those of the
-// spliced common pieces.
-// Arguments: x, w, y (bare pointers), rstd (fp32 per row), rows, row strides of x and y (elements),
-// and how many rows ahead to prefetch (pf_rows).
+// NCHUNK, CLUSTER, NSUB, EB (bytes per element), STAGE, STAGE_BLOCK_BYTES, HAS_WEIGHT, STORE_RSTD,
+// CACHE_ROW, PREFETCH_W (weight chunks loaded in pass 1), EXT_T/EXT_WT (cast to f32), TRUNC_T
+// (cast from f32), TARGET (gpu.module target attribute), the pieces LATE_EXT_PIECE (pass 2's
+// cast), CLUSTER_PIECE (cross-block sum) and STAGE_PIECE (asynchronous copies), and the
+// placeholders of the spliced common pieces.
+// Arguments: x, w, y (bare pointers), rstd (fp32 per row), rows, row strides of x and y
+// (elements), and the grid size in blocks.
 module attributes {gpu.container_module} {
 gpu.module @normir [${TARGET}] {
 // normir:splice common/row_sum.mlir
 // normir:splice ${RSQRT_PIECE}
 // normir:splice ${LATE_EXT_PIECE}
 // normir:splice ${CLUSTER_PIECE}
-// normir:splice ${PREFETCH_PIECE}
+// normir:splice ${STAGE_PIECE}
 
   gpu.func @rmsnorm_fwd(%x_arg: memref<${N}x${T}> {llvm.noalias, llvm.readonly},
                         %w_arg: memref<${N}x${WT}> {llvm.noalias, llvm.readonly},
                         %y_arg: memref<${N}x${T}> {llvm.noalias, llvm.writeonly},
                         %rstd_arg: memref<1xf32> {llvm.noalias, llvm.writeonly},
-                        %rows: index, %x_stride: index, %y_stride: index, %pf_rows: index)
+                        %rows: index, %x_stride: index, %y_stride: index, %grid: index)
       workgroup(%red: memref<${WPR}xf32, #gpu.address_space<workgroup>>,
                 %xch: memref<2xf32, #gpu.address_space<workgroup>>)
       private(%xbuf: memref<${K}x${V}x${T}, #gpu.address_space<private>>,
               %wbuf: memref<${K}x${V}x${WT}, #gpu.address_space<private>>)
       kernel attributes {known_block_size = array<i32: ${BLOCK}, 1, 1>} {
     %c0 = arith.constant 0 : index
+    %c1 = arith.constant 1 : index
+    %c2 = arith.constant 2 : index
     %tpr = arith.constant ${TPR} : index
     %vw = arith.constant ${V} : index
     %k_full = arith.constant ${KFULL} : index
@@ -48,8 +53,7 @@ gpu.module @normir [${TARGET}] {
     %store_rstd = arith.constant ${STORE_RSTD}
     %cache_row = arith.constant ${CACHE_ROW}
     %prefetch_w = arith.constant ${PREFETCH_W}
-    %l2_prefetch = arith.constant ${L2_PREFETCH}
-    %eb = arith.constant ${EB} : index
+    %stage_on = arith.constant ${STAGE}
     %eps = arith.constant ${EPS} : f32
     %inv_n = arith.constant ${INV_N} : f32
     %zero_f = arith.constant 0.0 : f32
@@ -64,121 +68,196 @@ gpu.module @normir [${TARGET}] {
     %cluster = arith.constant ${CLUSTER} : index
     %rank = arith.remui %bid, %cluster : index
     %cid = arith.divui %bid, %cluster : index
+    %clusters = arith.divui %grid, %cluster : index
     %nsub = arith.constant ${NSUB} : index
     %col_base = arith.muli %rank, %nsub : index
     %rows_per_block = arith.constant ${ROWS} : index
-    %first_row = arith.muli %cid, %rows_per_block : index
-    %row = arith.addi %first_row, %slot : index
-    %row_valid = arith.cmpi ult, %row, %rows : index
+    %groups_m1 = arith.addi %rows, %rows_per_block : index
+    %groups_m2 = arith.subi %groups_m1, %c1 : index
+    %groups = arith.divui %groups_m2, %rows_per_block : index
+    %x = memref.reinterpret_cast %x_arg to offset: [0], sizes: [%rows, ${N}], strides: [%x_stride, 1]
+        : memref<${N}x${T}> to memref<?x${N}x${T}, strided<[?, 1]>>
+    %y = memref.reinterpret_cast %y_arg to offset: [0], sizes: [%rows, ${N}], strides: [%y_stride, 1]
+        : memref<${N}x${T}> to memref<?x${N}x${T}, strided<[?, 1]>>
     %x_base = memref.extract_aligned_pointer_as_index %x_arg : memref<${N}x${T}> -> index
-    %pf_row = arith.addi %row, %pf_rows : index
-    %pf_row_ok = arith.cmpi ult, %pf_row, %rows : index
-    %pf_on = arith.andi %l2_prefetch, %pf_row_ok : i1
-    // ROWS > 1 only when a row fits in one warp (no barrier), so this branch may diverge;
-    // with one row per block it is uniform across the block and the barriers inside are safe.
-    scf.if %row_valid {
-      %x = memref.reinterpret_cast %x_arg to offset: [0], sizes: [%rows, ${N}], strides: [%x_stride, 1]
-          : memref<${N}x${T}> to memref<?x${N}x${T}, strided<[?, 1]>>
-      %y = memref.reinterpret_cast %y_arg to offset: [0], sizes: [%rows, ${N}], strides: [%y_stride, 1]
-          : memref<${N}x${T}> to memref<?x${N}x${T}, strided<[?, 1]>>
-
-      // Pass 1: load the row's chunks, accumulate x^2 lane-wise in fp32.
-      %sq_vec = affine.for %k = 0 to ${K} iter_args(%acc = %zero_v) -> (vector<${V}xf32>) {
-        %ck = arith.muli %k, %tpr : index
-        %chunk = arith.addi %ck, %lane : index
-        %col_in = arith.muli %chunk, %vw : index
-        %col = arith.addi %col_base, %col_in : index
-        %always = arith.cmpi ult, %k, %k_full : index
-        %in_row = arith.cmpi ult, %chunk, %nchunk : index
-        %live = arith.ori %always, %in_row : i1
-        %xv = scf.if %live -> (vector<${V}x${T}>) {
-          %v = vector.load %x[%row, %col] {alignment = ${ALIGN}} : memref<?x${N}x${T}, strided<[?, 1]>>, vector<${V}x${T}>
-          scf.yield %v : vector<${V}x${T}>
-        } else {
-          scf.yield %zero_t : vector<${V}x${T}>
-        }
-        scf.if %cache_row {
-          vector.store %xv, %xbuf[%k, %c0] : memref<${K}x${V}x${T}, #gpu.address_space<private>>, vector<${V}x${T}>
-        }
-        %pf = arith.andi %pf_on, %live : i1
-        scf.if %pf {
-          %pf_elem_row = arith.muli %pf_row, %x_stride : index
-          %pf_elem = arith.addi %pf_elem_row, %col : index
-          %pf_byte = arith.muli %pf_elem, %eb : index
-          func.call @normir_prefetch_l2(%x_base, %pf_byte) : (index, index) -> ()
-        }
-        // The weight's loads go out with x's, so pass 2 does not wait on them.
-        %fetch_w = arith.andi %prefetch_w, %live : i1
-        scf.if %fetch_w {
-          %wv = vector.load %w_arg[%col] {alignment = ${W_ALIGN}} : memref<${N}x${WT}>, vector<${V}x${WT}>
-          vector.store %wv, %wbuf[%k, %c0] : memref<${K}x${V}x${WT}, #gpu.address_space<private>>, vector<${V}x${WT}>
-        }
-        %xf = ${EXT_T} %xv : vector<${V}x${T}> to vector<${V}xf32>
-        %acc_next = vector.fma %xf, %xf, %acc : vector<${V}xf32>
-        affine.yield %acc_next : vector<${V}xf32>
+    // STAGE buffer (dynamic shared memory): [k][thread] -> one 16-byte chunk of the next row.
+    %stage_base = func.call @normir_stage_base() : () -> index
+    scf.if %stage_on {
+      %first_ok = arith.cmpi ult, %cid, %groups : index
+      scf.if %first_ok {
+        func.call @normir_fwd_stage(%x_base, %stage_base, %cid, %x_stride, %lane, %tid, %col_base)
+            : (index, index, index, index, index, index, index) -> ()
       }
-      %sq_thread = vector.reduction <add>, %sq_vec : vector<${V}xf32> into f32
-      %sq_row = func.call @normir_row_sum(%sq_thread, %tid, %red)
-          : (f32, index, memref<${WPR}xf32, #gpu.address_space<workgroup>>) -> f32
-      %sq_all = func.call @normir_cluster_sum(%sq_row, %tid, %xch, %c0)
-          : (f32, index, memref<2xf32, #gpu.address_space<workgroup>>, index) -> f32
-      // This block is done reading its peers' slots; it waits for theirs at the end.
-      func.call @normir_cluster_arrive() : () -> ()
-      %mean_sq = arith.mulf %sq_all, %inv_n : f32
-      %var_eps = arith.addf %mean_sq, %eps : f32
-      %rstd = func.call @normir_rsqrt(%var_eps) : (f32) -> f32
+      func.call @normir_stage_commit() : () -> ()
+    }
 
-      %is_lane0 = arith.cmpi eq, %lane, %c0 : index
-      %is_rank0 = arith.cmpi eq, %rank, %c0 : index
-      %lead = arith.andi %is_lane0, %is_rank0 : i1
-      %write_rstd = arith.andi %store_rstd, %lead : i1
-      scf.if %write_rstd {
-        %rstd_out = memref.reinterpret_cast %rstd_arg to offset: [0], sizes: [%rows], strides: [1]
-            : memref<1xf32> to memref<?xf32>
-        memref.store %rstd, %rstd_out[%row] : memref<?xf32>
+    // Without STAGE the grid has a block (cluster) per group: a loop of one trip, which folds away
+    // (a real loop would keep loop-invariant loads, such as w, live in registers).
+    %cid_next = arith.addi %cid, %c1 : index
+    %g_end = arith.select %stage_on, %groups, %cid_next : index
+    %g_step = arith.select %stage_on, %clusters, %c1 : index
+    scf.for %g = %cid to %g_end step %g_step {
+      %iter = arith.divui %g, %clusters : index
+      %parity = arith.remui %iter, %c2 : index
+      %g_base = arith.muli %g, %rows_per_block : index
+      %row = arith.addi %g_base, %slot : index
+      %row_valid = arith.cmpi ult, %row, %rows : index
+      scf.if %stage_on {
+        func.call @normir_stage_wait_all() : () -> ()  // this row's chunks are in shared memory
       }
-
-      // Pass 2: y = x * rstd * w, from the cached chunks (or x again).
-      %rstd_v = vector.broadcast %rstd : f32 to vector<${V}xf32>
-      affine.for %k = 0 to ${K} {
-        %ck = arith.muli %k, %tpr : index
-        %chunk = arith.addi %ck, %lane : index
-        %col_in = arith.muli %chunk, %vw : index
-        %col = arith.addi %col_base, %col_in : index
-        %always = arith.cmpi ult, %k, %k_full : index
-        %in_row = arith.cmpi ult, %chunk, %nchunk : index
-        %live = arith.ori %always, %in_row : i1
-        scf.if %live {
-          %xv = scf.if %cache_row -> (vector<${V}x${T}>) {
-            %v = vector.load %xbuf[%k, %c0] : memref<${K}x${V}x${T}, #gpu.address_space<private>>, vector<${V}x${T}>
-            scf.yield %v : vector<${V}x${T}>
-          } else {
-            %v = vector.load %x[%row, %col] {alignment = ${ALIGN}} : memref<?x${N}x${T}, strided<[?, 1]>>, vector<${V}x${T}>
-            scf.yield %v : vector<${V}x${T}>
-          }
-          %xf = func.call @normir_late_ext(%xv) : (vector<${V}x${T}>) -> vector<${V}xf32>
-          %xn = arith.mulf %xf, %rstd_v : vector<${V}xf32>
-          %yf = scf.if %has_weight -> (vector<${V}xf32>) {
-            %wv = scf.if %prefetch_w -> (vector<${V}x${WT}>) {
-              %v = vector.load %wbuf[%k, %c0] : memref<${K}x${V}x${WT}, #gpu.address_space<private>>, vector<${V}x${WT}>
-              scf.yield %v : vector<${V}x${WT}>
+      // ROWS > 1 only when a row fits in one warp (no barrier), so this branch may diverge;
+      // with one row per block it is uniform across the block and the barriers inside are safe.
+      scf.if %row_valid {
+        // Pass 1: load the row's chunks, accumulate x^2 lane-wise in fp32.
+        %sq_vec = affine.for %k = 0 to ${K} iter_args(%acc = %zero_v) -> (vector<${V}xf32>) {
+          %ck = arith.muli %k, %tpr : index
+          %chunk = arith.addi %ck, %lane : index
+          %col_in = arith.muli %chunk, %vw : index
+          %col = arith.addi %col_base, %col_in : index
+          %always = arith.cmpi ult, %k, %k_full : index
+          %in_row = arith.cmpi ult, %chunk, %nchunk : index
+          %live = arith.ori %always, %in_row : i1
+          %xv = scf.if %live -> (vector<${V}x${T}>) {
+            %v = scf.if %stage_on -> (vector<${V}x${T}>) {
+              %at = func.call @normir_fwd_stage_slot(%stage_base, %k, %tid) : (index, index, index) -> index
+              %s = func.call @normir_stage_load(%at) : (index) -> vector<${V}x${T}>
+              scf.yield %s : vector<${V}x${T}>
             } else {
-              %v = vector.load %w_arg[%col] {alignment = ${W_ALIGN}} : memref<${N}x${WT}>, vector<${V}x${WT}>
-              scf.yield %v : vector<${V}x${WT}>
+              %m = vector.load %x[%row, %col] {alignment = ${ALIGN}} : memref<?x${N}x${T}, strided<[?, 1]>>, vector<${V}x${T}>
+              scf.yield %m : vector<${V}x${T}>
             }
-            %wf = ${EXT_WT} %wv : vector<${V}x${WT}> to vector<${V}xf32>
-            %yw = arith.mulf %xn, %wf : vector<${V}xf32>
-            scf.yield %yw : vector<${V}xf32>
+            scf.yield %v : vector<${V}x${T}>
           } else {
-            scf.yield %xn : vector<${V}xf32>
+            scf.yield %zero_t : vector<${V}x${T}>
           }
-          %yv = ${TRUNC_T} %yf : vector<${V}xf32> to vector<${V}x${T}>
-          vector.store %yv, %y[%row, %col] {alignment = ${ALIGN}} : memref<?x${N}x${T}, strided<[?, 1]>>, vector<${V}x${T}>
+          scf.if %cache_row {
+            vector.store %xv, %xbuf[%k, %c0] : memref<${K}x${V}x${T}, #gpu.address_space<private>>, vector<${V}x${T}>
+          }
+          // The weight's loads go out with x's, so pass 2 does not wait on them.
+          %fetch_w = arith.andi %prefetch_w, %live : i1
+          scf.if %fetch_w {
+            %wv = vector.load %w_arg[%col] {alignment = ${W_ALIGN}} : memref<${N}x${WT}>, vector<${V}x${WT}>
+            vector.store %wv, %wbuf[%k, %c0] : memref<${K}x${V}x${WT}, #gpu.address_space<private>>, vector<${V}x${WT}>
+          }
+          %xf = ${EXT_T} %xv : vector<${V}x${T}> to vector<${V}xf32>
+          %acc_next = vector.fma %xf, %xf, %acc : vector<${V}xf32>
+          affine.yield %acc_next : vector<${V}xf32>
         }
+        %sq_thread = vector.reduction <add>, %sq_vec : vector<${V}xf32> into f32
+        %sq_row = func.call @normir_row_sum(%sq_thread, %tid, %red)
+            : (f32, index, memref<${WPR}xf32, #gpu.address_space<workgroup>>) -> f32
+        %sq_all = func.call @normir_cluster_sum(%sq_row, %tid, %xch, %parity)
+            : (f32, index, memref<2xf32, #gpu.address_space<workgroup>>, index) -> f32
+        // This block is done reading its peers' slots; it waits for theirs at the end of the row.
+        func.call @normir_cluster_arrive() : () -> ()
+        // The reduction's barrier is behind every thread's reads of the STAGE buffer: refill it
+        // with the block's next row while this one is normalized and written.
+        scf.if %stage_on {
+          %next = arith.addi %g, %clusters : index
+          %next_ok = arith.cmpi ult, %next, %groups : index
+          scf.if %next_ok {
+            func.call @normir_fwd_stage(%x_base, %stage_base, %next, %x_stride, %lane, %tid, %col_base)
+                : (index, index, index, index, index, index, index) -> ()
+          }
+          func.call @normir_stage_commit() : () -> ()
+        }
+        %mean_sq = arith.mulf %sq_all, %inv_n : f32
+        %var_eps = arith.addf %mean_sq, %eps : f32
+        %rstd = func.call @normir_rsqrt(%var_eps) : (f32) -> f32
+
+        %is_lane0 = arith.cmpi eq, %lane, %c0 : index
+        %is_rank0 = arith.cmpi eq, %rank, %c0 : index
+        %lead = arith.andi %is_lane0, %is_rank0 : i1
+        %write_rstd = arith.andi %store_rstd, %lead : i1
+        scf.if %write_rstd {
+          %rstd_out = memref.reinterpret_cast %rstd_arg to offset: [0], sizes: [%rows], strides: [1]
+              : memref<1xf32> to memref<?xf32>
+          memref.store %rstd, %rstd_out[%row] : memref<?xf32>
+        }
+
+        // Pass 2: y = x * rstd * w, from the cached chunks (or x again).
+        %rstd_v = vector.broadcast %rstd : f32 to vector<${V}xf32>
+        affine.for %k = 0 to ${K} {
+          %ck = arith.muli %k, %tpr : index
+          %chunk = arith.addi %ck, %lane : index
+          %col_in = arith.muli %chunk, %vw : index
+          %col = arith.addi %col_base, %col_in : index
+          %always = arith.cmpi ult, %k, %k_full : index
+          %in_row = arith.cmpi ult, %chunk, %nchunk : index
+          %live = arith.ori %always, %in_row : i1
+          scf.if %live {
+            %xv = scf.if %cache_row -> (vector<${V}x${T}>) {
+              %v = vector.load %xbuf[%k, %c0] : memref<${K}x${V}x${T}, #gpu.address_space<private>>, vector<${V}x${T}>
+              scf.yield %v : vector<${V}x${T}>
+            } else {
+              %v = vector.load %x[%row, %col] {alignment = ${ALIGN}} : memref<?x${N}x${T}, strided<[?, 1]>>, vector<${V}x${T}>
+              scf.yield %v : vector<${V}x${T}>
+            }
+            %xf = func.call @normir_late_ext(%xv) : (vector<${V}x${T}>) -> vector<${V}xf32>
+            %xn = arith.mulf %xf, %rstd_v : vector<${V}xf32>
+            %yf = scf.if %has_weight -> (vector<${V}xf32>) {
+              %wv = scf.if %prefetch_w -> (vector<${V}x${WT}>) {
+                %v = vector.load %wbuf[%k, %c0] : memref<${K}x${V}x${WT}, #gpu.address_space<private>>, vector<${V}x${WT}>
+                scf.yield %v : vector<${V}x${WT}>
+              } else {
+                %v = vector.load %w_arg[%col] {alignment = ${W_ALIGN}} : memref<${N}x${WT}>, vector<${V}x${WT}>
+                scf.yield %v : vector<${V}x${WT}>
+              }
+              %wf = ${EXT_WT} %wv : vector<${V}x${WT}> to vector<${V}xf32>
+              %yw = arith.mulf %xn, %wf : vector<${V}xf32>
+              scf.yield %yw : vector<${V}xf32>
+            } else {
+              scf.yield %xn : vector<${V}xf32>
+            }
+            %yv = ${TRUNC_T} %yf : vector<${V}xf32> to vector<${V}x${T}>
+            vector.store %yv, %y[%row, %col] {alignment = ${ALIGN}} : memref<?x${N}x${T}, strided<[?, 1]>>, vector<${V}x${T}>
+          }
+        }
+        func.call @normir_cluster_wait() : () -> ()
       }
-      func.call @normir_cluster_wait() : () -> ()
     }
     gpu.return
+  }
+
+  // STAGE: start copying this thread's chunks of row `row` into the buffer (16 bytes each;
+  // chunks past the row end are not copied and not read).
+  func.func private @normir_fwd_stage(%x_base: index, %stage_base: index, %row: index, %x_stride: index,
+      %lane: index, %tid: index, %col_base: index) attributes {llvm.linkage = #llvm.linkage<internal>} {
+    %tpr = arith.constant ${TPR} : index
+    %vw = arith.constant ${V} : index
+    %k_full = arith.constant ${KFULL} : index
+    %nchunk = arith.constant ${NCHUNK} : index
+    %eb = arith.constant ${EB} : index
+    %x_row = arith.muli %row, %x_stride : index
+    affine.for %k = 0 to ${K} {
+      %ck = arith.muli %k, %tpr : index
+      %chunk = arith.addi %ck, %lane : index
+      %col_in = arith.muli %chunk, %vw : index
+      %col = arith.addi %col_base, %col_in : index
+      %always = arith.cmpi ult, %k, %k_full : index
+      %in_row = arith.cmpi ult, %chunk, %nchunk : index
+      %live = arith.ori %always, %in_row : i1
+      scf.if %live {
+        %dst = func.call @normir_fwd_stage_slot(%stage_base, %k, %tid) : (index, index, index) -> index
+        %elem = arith.addi %x_row, %col : index
+        %byte = arith.muli %elem, %eb : index
+        %src = arith.addi %x_base, %byte : index
+        func.call @normir_stage_copy(%dst, %src) : (index, index) -> ()
+      }
+    }
+    return
+  }
+
+  // Shared address of this thread's chunk k in the STAGE buffer: stage_base + k * BLOCK * 16 + tid * 16.
+  func.func private @normir_fwd_stage_slot(%stage_base: index, %k: index, %tid: index) -> index
+      attributes {llvm.linkage = #llvm.linkage<internal>} {
+    %sixteen = arith.constant 16 : index
+    %block_bytes = arith.constant ${STAGE_BLOCK_BYTES} : index
+    %k_byte = arith.muli %k, %block_bytes : index
+    %t_byte = arith.muli %tid, %sixteen : index
+    %off = arith.addi %k_byte, %t_byte : index
+    %at = arith.addi %stage_base, %off : index
+    return %at : index
   }
 }
 }

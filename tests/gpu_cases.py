@@ -24,22 +24,38 @@ ALIGN_CASES = ((4096, 4096, 1), (4096, 4100, 0), (4096, 4104, 0), (1023, 1023, 0
 # (the layout sm_80 gets: x, dy re-read and the dw sums in memory), which the H200's own policy
 # no longer reaches.
 CLUSTER_CASES = ((2880, 4, "bf16"), (5120, 2, "f32"), (8192, 8, "bf16"), (65536, 1, "bf16"), (65536, 8, "f16"))
-# Backward rows the policy stages through shared memory, forced back to the L2-prefetching
-# re-read path (what targets without asynchronous copies get).
-UNSTAGED_N = (7168, 32768)
+# (N, dtype, forward layout, backward layout) forced through NORMIR_TPR where the policy does
+# not go: staging off where it is on and on where it is off, in both kernels, with clusters too.
+FORCED_CASES = (
+    (7168, "bf16", {}, {"stage": 0}),  # backward re-read with the L2 prefetch
+    (32768, "bf16", {"stage": 0}, {"stage": 1}),  # forward one block per row; backward staged, 2-block clusters
+    (65536, "bf16", {"stage": 0}, {"l2_prefetch": 0}),  # forward unstaged; backward without prefetch
+    (4096, "bf16", {"stage": 1}, {}),  # forward persistent and staged at 4 chunks per thread
+    (65536, "f32", {"stage": 1}, {}),  # forward staged and split over a 2-block cluster
+)
+
+
+def tpr_value(layout: dict) -> str:
+    """A forced layout as a NORMIR_TPR value: TPR[xCLUSTER][pN][sN]."""
+    out = f"{layout.get('tpr', 0)}x{layout.get('cluster', 0)}"
+    if layout.get("l2_prefetch", -1) >= 0:
+        out += f"p{layout['l2_prefetch']}"
+    if layout.get("stage", -1) >= 0:
+        out += f"s{layout['stage']}"
+    return out
 BENCH_N = (1024, 2048, 2880, 4096, 7168, 8192, 16384, 32768, 65536)
 PROFILE_N = 4096  # scripts/host_profile.py
 
 
-def _fwd(n, dt, wdt, eps=1e-6, has_weight=True, store_rstd=True, vec=0, cluster=0):
+def _fwd(n, dt, wdt, eps=1e-6, has_weight=True, store_rstd=True, vec=0, **layout):
     return dict(kernel="rmsnorm_fwd", n=n, dtype=dt, wdtype=wdt, eps=eps, target="sm_90",
-                has_weight=has_weight, store_rstd=store_rstd, vec=vec or max_vec(n, DTYPES[dt]), cluster=cluster)
+                has_weight=has_weight, store_rstd=store_rstd, vec=vec or max_vec(n, DTYPES[dt]), **layout)
 
 
-def _bwd(n, dt, wdt, has_weight=True, atomic=False, vec=0, cluster=0, stage=-1):
+def _bwd(n, dt, wdt, has_weight=True, atomic=False, vec=0, **layout):
     out = [dict(kernel="rmsnorm_bwd", n=n, dtype=dt, wdtype=wdt, eps=BWD_KEY_EPS, target="sm_90",
                 has_weight=has_weight, store_rstd=False, vec=vec or max_vec(n, DTYPES[dt]), atomic_dw=atomic,
-                cluster=cluster, stage=stage)]
+                **layout)]
     if has_weight:
         out.append(dict(kernel="rmsnorm_dw_reduce", n=n, dtype="f32", wdtype=wdt, eps=BWD_KEY_EPS, target="sm_90",
                         has_weight=True, store_rstd=False, vec=max_vec(n, 4)))
@@ -72,9 +88,9 @@ def specializations() -> list[dict]:
                 plan += _bwd(n, dt, dt, vec=v)
     plan += _bwd(4096, "bf16", "bf16", atomic=True) + _bwd(1024, "f32", "f32", atomic=True)
     plan += _bwd(32768, "bf16", "bf16", atomic=True)
-    for n in UNSTAGED_N:
-        plan += _bwd(n, "bf16", "bf16", stage=0) + _bwd(n, "bf16", "bf16", stage=0, has_weight=False)
-        plan += [_fwd(n, "bf16", "bf16"), _fwd(n, "bf16", "bf16", has_weight=False)]
+    for n, dt, fwd, bwd in FORCED_CASES:
+        plan += [_fwd(n, dt, dt, **fwd), _fwd(n, dt, dt, has_weight=False, **fwd)]
+        plan += _bwd(n, dt, dt, **bwd) + _bwd(n, dt, dt, has_weight=False, **bwd)
     for n, c, dt in CLUSTER_CASES:
         plan += [_fwd(n, dt, dt, cluster=c), _fwd(n, dt, dt, cluster=c, has_weight=False)]
         plan += _bwd(n, dt, dt, cluster=c) + _bwd(n, dt, dt, cluster=c, has_weight=False)

@@ -9,7 +9,7 @@ import math
 
 import pytest
 import torch
-from gpu_cases import ALIGN_CASES, CLUSTER_CASES, DTYPE_NAMES, EPS, FWD_M, FWD_N, LARGE_N, TRAIN_N, UNSTAGED_N
+from gpu_cases import ALIGN_CASES, CLUSTER_CASES, DTYPE_NAMES, EPS, FORCED_CASES, FWD_M, FWD_N, LARGE_N, TRAIN_N, tpr_value
 
 import normir
 from normir import launch
@@ -214,15 +214,23 @@ def test_rows_split_over_a_cluster(monkeypatch, n, cluster, dt):
         launch.clear_handles()
 
 
-@pytest.mark.parametrize("n", UNSTAGED_N)
-def test_bwd_without_staging(monkeypatch, n):
-    monkeypatch.setenv("NORMIR_TPR", f"rmsnorm_bwd:{n}=0s0")
+@pytest.mark.parametrize("n,dt,fwd,bwd", FORCED_CASES)
+def test_forced_layouts(monkeypatch, n, dt, fwd, bwd):
+    # Staging and prefetching forced against the policy: the other paths of each kernel.
+    monkeypatch.setenv("NORMIR_TPR", f"rmsnorm_fwd:{n}={tpr_value(fwd)},rmsnorm_bwd:{n}={tpr_value(bwd)}")
     launch.clear_handles()
     try:
-        _, lay = launch.handle("rmsnorm_bwd", 0, n, "bf16", "bf16", BWD_KEY_EPS, True, False, 8)
-        assert not lay.stage and lay.l2_prefetch
-        x = make((1000, n), torch.bfloat16)
-        check_bwd(x, make((n,), torch.bfloat16) + 1, 1e-6)
+        vec = max_vec(n, DTYPES[dt])
+        for kernel, forced in (("rmsnorm_fwd", fwd), ("rmsnorm_bwd", bwd)):
+            _, lay = launch.handle(kernel, 0, n, dt, dt, 1e-6, True, kernel == "rmsnorm_fwd", vec)
+            for name in ("stage", "l2_prefetch"):
+                if name in forced:
+                    assert getattr(lay, name) == bool(forced[name])
+        x = make((1000, n), TORCH[dt])
+        w = make((n,), TORCH[dt]) + 1
+        check_fwd(x, w, 1e-6)
+        check_fwd(x, None, 1e-6)
+        check_bwd(x, w, 1e-6)
         check_bwd(x, None, 1e-6)
     finally:
         launch.clear_handles()

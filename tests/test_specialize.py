@@ -331,16 +331,19 @@ def test_forced_cluster(kernel):
 def test_l2_prefetch_policy():
     # On for the backward's one-row blocks that are not staged (NVIDIA), off for the forward;
     # the flag can be forced either way where the target has the instruction.
-    assert Options(kernel="rmsnorm_bwd", n=32768, stage=0).layout.l2_prefetch
-    assert not Options(kernel="rmsnorm_bwd", n=32768).layout.l2_prefetch  # staged instead
+    assert Options(kernel="rmsnorm_bwd", n=32768).layout.l2_prefetch
+    assert Options(kernel="rmsnorm_bwd", n=8192, stage=0).layout.l2_prefetch
+    assert not Options(kernel="rmsnorm_bwd", n=8192).layout.l2_prefetch  # staged instead
     assert not Options(kernel="rmsnorm_fwd", n=8192).layout.l2_prefetch
     assert not Options(kernel="rmsnorm_bwd", n=64).layout.l2_prefetch  # several rows per block
     assert not Options(kernel="rmsnorm_fwd", n=8192, l2_prefetch=0).layout.l2_prefetch
-    assert Options(kernel="rmsnorm_fwd", n=1024, l2_prefetch=1).layout.l2_prefetch
-    assert not Options(kernel="rmsnorm_fwd", n=8192, target="gfx950").layout.l2_prefetch
+    assert Options(kernel="rmsnorm_bwd", n=64, l2_prefetch=1).layout.l2_prefetch
+    assert not Options(kernel="rmsnorm_bwd", n=8192, target="gfx950").layout.l2_prefetch
     assert not Options(kernel="rmsnorm_dw_reduce", n=8192, dtype="f32").layout.l2_prefetch
-    with pytest.raises(ValueError, match=r"^l2_prefetch=1: gfx950 has no L2 prefetch instruction"):
-        Options(kernel="rmsnorm_fwd", n=8192, target="gfx950", l2_prefetch=1)
+    with pytest.raises(ValueError, match=r"^l2_prefetch=1: rmsnorm_bwd on gfx950 has no L2 prefetch"):
+        Options(kernel="rmsnorm_bwd", n=8192, target="gfx950", l2_prefetch=1)
+    with pytest.raises(ValueError, match=r"^l2_prefetch=1: rmsnorm_fwd on sm_90 has no L2 prefetch"):
+        Options(kernel="rmsnorm_fwd", n=8192, l2_prefetch=1)
     with pytest.raises(ValueError, match=r"^l2_prefetch=2: choose 1 \(on\), 0 \(off\) or -1"):
         Options(kernel="rmsnorm_fwd", n=8192, l2_prefetch=2)
 
@@ -350,12 +353,24 @@ def test_stage_policy():
     # the chunks are 16 bytes; the buffers' size is the launch's dynamic shared memory.
     lay = Options(kernel="rmsnorm_bwd", n=16384).layout
     assert lay.stage and not lay.l2_prefetch and lay.smem_bytes == 4 * lay.k * lay.block * 16 == 131072
+    assert not Options(kernel="rmsnorm_bwd", n=2880).layout.stage  # two chunks per thread
+    assert not Options(kernel="rmsnorm_bwd", n=32768).layout.stage  # split over a cluster
+    assert Options(kernel="rmsnorm_bwd", n=32768, stage=1).layout.stage
     assert Options(kernel="rmsnorm_bwd", n=16384, stage=0).layout.l2_prefetch  # the fallback prefetches
     assert not Options(kernel="rmsnorm_bwd", n=1024).layout.stage  # held in registers
     assert not Options(kernel="rmsnorm_bwd", n=16384, vec=4).layout.stage  # 8-byte chunks
     assert not Options(kernel="rmsnorm_bwd", n=16384, target="gfx950").layout.stage
+    # The forward stages its persistent grid's next row (one buffer) where a thread holds 8+ chunks.
     fwd = Options(kernel="rmsnorm_fwd", n=16384).layout
-    assert not fwd.stage and fwd.smem_bytes == 0
+    assert fwd.stage and fwd.cache_row and fwd.smem_bytes == fwd.k * fwd.block * 16
+    assert not Options(kernel="rmsnorm_fwd", n=4096).layout.stage
+    assert Options(kernel="rmsnorm_fwd", n=4096, stage=1).layout.smem_bytes == 4 * 128 * 16
+    assert not Options(kernel="rmsnorm_fwd", n=1024, stage=0).layout.stage and \
+        Options(kernel="rmsnorm_fwd", n=1024).layout.smem_bytes == 0
+    with pytest.raises(ValueError, match=r"^stage=1 needs .* the row held in registers"):
+        Options(kernel="rmsnorm_fwd", n=MAX_N, stage=1)
+    with pytest.raises(ValueError, match=r"^stage=1: rmsnorm_dw_reduce has no staged layout"):
+        Options(kernel="rmsnorm_dw_reduce", n=4096, dtype="f32", stage=1)
     for bad in (dict(target="gfx950"), dict(vec=4), dict(n=1024)):
         with pytest.raises(ValueError, match=r"^stage=1 needs a target with asynchronous copies"):
             Options(kernel="rmsnorm_bwd", **{"n": 16384, "stage": 1, **bad})

@@ -117,7 +117,7 @@ def _fwd_fast(x, weight, eps, store_rstd):
     hit = _FWD_SEEN.get(_fwd_key(x, weight, eps, store_rstd))
     if hit is None:
         return None
-    h, rows, cluster, ahead = hit
+    h, rows, cluster, cap = hit
     y = torch.empty_like(x)
     xp, yp = x.data_ptr(), y.data_ptr()
     wp = weight.data_ptr() if weight is not None else 0
@@ -128,8 +128,9 @@ def _fwd_fast(x, weight, eps, store_rstd):
     rstd = torch.empty(x.shape[:-1], dtype=torch.float32, device=x.device) if store_rstd else None
     if m:
         dev = x.get_device()
-        args = (xp, wp, yp, rstd.data_ptr() if rstd is not None else 0, m, n, n, ahead)
-        grid = -(-m // rows) * cluster
+        groups = -(-m // rows)
+        grid = (min(groups, cap) if cap else groups) * cluster
+        args = (xp, wp, yp, rstd.data_ptr() if rstd is not None else 0, m, n, n, grid)
         if _current_device() == dev:
             h.launch(grid, L.stream(dev), *args)
         else:
@@ -169,13 +170,14 @@ def rmsnorm_fwd(x: torch.Tensor, weight: torch.Tensor | None = None, eps: float 
             vec = L.vector_width(n, eb, ((xp, eb), (yp, eb), (wp, w.element_size() if wp else 1)), (xs,))
         wdt = L.TORCH_DTYPES[w.dtype] if w is not None else dt
         h, lay = L.handle("rmsnorm_fwd", dev, n, dt, wdt, eps, w is not None, store_rstd, vec)
-        # L2 prefetch distance: the rows that run at once, so a block asks for the row that
-        # starts about one wave after its own.
-        ahead = h.resident(_sm_count(dev)) * lay.rows
+        # One block (cluster) per row group, or, where the layout stages rows through shared
+        # memory, a persistent grid of as many as run at once (each copies its next row ahead).
+        cap = h.resident(_sm_count(dev)) if lay.stage else 0
         if vec == widest and x2 is x:
-            _FWD_SEEN[_fwd_key(x, weight, eps, store_rstd)] = (h, lay.rows, lay.cluster, ahead)
-        args = (xp, wp, yp, rstd.data_ptr() if rstd is not None else 0, m, xs, n, ahead)
-        grid = -(-m // lay.rows) * lay.cluster  # a cluster of blocks per row group
+            _FWD_SEEN[_fwd_key(x, weight, eps, store_rstd)] = (h, lay.rows, lay.cluster, cap)
+        groups = -(-m // lay.rows)
+        grid = (min(groups, cap) if cap else groups) * lay.cluster
+        args = (xp, wp, yp, rstd.data_ptr() if rstd is not None else 0, m, xs, n, grid)
         if _current_device() == dev:
             h.launch(grid, L.stream(dev), *args)
         else:

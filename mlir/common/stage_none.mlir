@@ -16,6 +16,9 @@
   func.func private @normir_stage_commit() attributes {llvm.linkage = #llvm.linkage<internal>} {
     return
   }
+  func.func private @normir_stage_wait_all() attributes {llvm.linkage = #llvm.linkage<internal>} {
+    return
+  }
   func.func private @normir_stage_wait_older() attributes {llvm.linkage = #llvm.linkage<internal>} {
     return
   }

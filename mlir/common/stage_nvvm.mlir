@@ -34,6 +34,11 @@
     nvvm.cp.async.commit.group
     return
   }
+  // Wait until every group has landed.
+  func.func private @normir_stage_wait_all() attributes {llvm.linkage = #llvm.linkage<internal>} {
+    nvvm.cp.async.wait.group 0
+    return
+  }
   // Wait until at most the newest group is still in flight.
   func.func private @normir_stage_wait_older() attributes {llvm.linkage = #llvm.linkage<internal>} {
     nvvm.cp.async.wait.group 1
