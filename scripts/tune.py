@@ -49,14 +49,14 @@ def plan() -> list[dict]:
             tpr, cluster, l2, stage = _parse(variant)
             vec = max_vec(n, DTYPES[dt])
             fwd = dict(kernel="rmsnorm_fwd", n=n, dtype=dt, wdtype=dt, eps=1e-6, target="sm_90",
-                       vec=vec, tpr=tpr, cluster=cluster, l2_prefetch=l2)
+                       vec=vec, tpr=tpr, cluster=cluster, l2_prefetch=l2 if op == "bwd" else -1, stage=stage)
             if op == "fwd":
                 out += [{**fwd, "store_rstd": False}, {**fwd, "store_rstd": True}]
             else:
                 bwd = dict(kernel="rmsnorm_bwd", n=n, dtype=dt, wdtype=dt, eps=BWD_KEY_EPS,
                            target="sm_90", vec=vec, tpr=tpr, cluster=cluster, l2_prefetch=l2, stage=stage)
                 out += [bwd, {**bwd, "has_weight": False}]
-                out.append({**fwd, "store_rstd": True, "tpr": 0, "cluster": 0, "l2_prefetch": -1})
+                out.append({**fwd, "store_rstd": True, "tpr": 0, "cluster": 0, "l2_prefetch": -1, "stage": -1})
     return out
 
 
@@ -75,28 +75,33 @@ def run() -> None:
         x = torch.randn((m, n), device="cuda").to(tdt)
         w = torch.randn(n, device="cuda").to(tdt)
         dy = torch.randn_like(x)
-        row = []
-        for variant in variants:
-            os.environ["NORMIR_TPR"] = "" if variant == "0" else f"{KERNEL[op]}:{n}={variant}"
-            launch.clear_handles()
-            _, rstd = normir.rmsnorm_fwd(x, w, 1e-6, store_rstd=True)
-            if op == "fwd":
-                timed = {"": lambda x=x, w=w: normir.rmsnorm_fwd(x, w, 1e-6)}
-            else:
-                timed = {"": lambda x=x, w=w, dy=dy, rstd=rstd: normir.rmsnorm_bwd(x, w, dy, rstd)}
-                if variant == "0":
-                    timed["no-w"] = lambda x=x, dy=dy, rstd=rstd: normir.rmsnorm_bwd(x, None, dy, rstd)
-            nbytes = (2 if op == "fwd" else 3) * m * n * x.element_size()
-            h, lay = launch.handle(KERNEL[op], 0, n, dt, dt, 1e-6, True, False, 16 // x.element_size())
-            for tag, fn in timed.items():
-                ms = do_bench(fn, warmup=25, rep=100, return_mode="median")
-                gbs = nbytes / ms / 1e6
-                row.append(f"{variant}{tag}({lay.tpr}x{lay.cluster},k{lay.k},{'regs' if lay.cache_row else 'stream'}"
-                           f"{',dw' if lay.dw_regs else ''}{',pf' if lay.l2_prefetch else ''}"
-                           f"{',stage' if lay.stage else ''},res{h.resident(132)}) {gbs:.0f}")
-                results.append(dict(op=op, n=n, dtype=dt, variant=variant + tag, layout_tpr=lay.tpr,
-                                    cluster=lay.cluster, l2_prefetch=lay.l2_prefetch, stage=lay.stage, k=lay.k,
-                                    us=ms * 1e3, gbs=gbs))
+        seen: dict[str, list[float]] = {}
+        labels: dict[str, str] = {}
+        # Two rounds, the second in reverse order, so that neither order nor drift favours a variant.
+        for order in (list(variants), list(reversed(variants))):
+            for variant in order:
+                os.environ["NORMIR_TPR"] = "" if variant == "0" else f"{KERNEL[op]}:{n}={variant}"
+                launch.clear_handles()
+                _, rstd = normir.rmsnorm_fwd(x, w, 1e-6, store_rstd=True)
+                if op == "fwd":
+                    timed = {"": lambda x=x, w=w: normir.rmsnorm_fwd(x, w, 1e-6)}
+                else:
+                    timed = {"": lambda x=x, w=w, dy=dy, rstd=rstd: normir.rmsnorm_bwd(x, w, dy, rstd)}
+                    if variant == "0":
+                        timed["no-w"] = lambda x=x, dy=dy, rstd=rstd: normir.rmsnorm_bwd(x, None, dy, rstd)
+                nbytes = (2 if op == "fwd" else 3) * m * n * x.element_size()
+                h, lay = launch.handle(KERNEL[op], 0, n, dt, dt, 1e-6, True, False, 16 // x.element_size())
+                for tag, fn in timed.items():
+                    ms = do_bench(fn, warmup=25, rep=100, return_mode="median")
+                    seen.setdefault(variant + tag, []).append(nbytes / ms / 1e6)
+                    labels[variant + tag] = (
+                        f"({lay.tpr}x{lay.cluster},k{lay.k},{'regs' if lay.cache_row else 'stream'}"
+                        f"{',dw' if lay.dw_regs else ''}{',pf' if lay.l2_prefetch else ''}"
+                        f"{',stage' if lay.stage else ''},res{h.resident(132)})")
+                    results.append(dict(op=op, n=n, dtype=dt, variant=variant + tag, layout_tpr=lay.tpr,
+                                        cluster=lay.cluster, l2_prefetch=lay.l2_prefetch, stage=lay.stage,
+                                        k=lay.k, us=ms * 1e3, gbs=nbytes / ms / 1e6))
+        row = [f"{v}{labels[v]} {'/'.join(f'{g:.0f}' for g in gs)}" for v, gs in seen.items()]
         print(f"{op} {dt} {m}x{n}: " + " | ".join(row), flush=True)
     os.environ["NORMIR_TPR"] = ""
     out = os.environ.get("OUT", ".")
