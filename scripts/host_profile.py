@@ -30,8 +30,23 @@ def main() -> None:
     y, _ = normir.rmsnorm_fwd(x, w)
     h, lay = L.handle("rmsnorm_fwd", 0, 4096, "bf16", "bf16", 1e-6, True, False, 8)
     s = L.stream(0)
-    args = (x.data_ptr(), w.data_ptr(), y.data_ptr(), 0, 1, 4096, 4096)
+    args = (x.data_ptr(), w.data_ptr(), y.data_ptr(), 0, 1, 4096, 4096, 1)
+    # The launch's ctypes call alone, with argtypes (as runtime.py declares it) and without them,
+    # passing ready-made ctypes objects (nothing for ctypes to convert).
+    import ctypes
+
+    ex_typed = h.driver._launch_ex
+    ex_raw = ctypes.PyDLL(h.driver.lib._name).cuLaunchKernelEx
+    ex_raw.restype = ctypes.c_int
+    cfg = h._config
+    cfg.grid_x, cfg.stream = 1, s
+    cfg_obj, fn_obj = ctypes.c_void_p(h._config_ptr), ctypes.c_void_p(h._fn)
+    h._pack(h._buf, 0, *args)
     rows = {
+        "ctypes call, argtypes": lambda: ex_typed(h._config_ptr, h._fn, None, h._extra),
+        "ctypes call, objects": lambda: ex_raw(cfg_obj, fn_obj, None, h._extra),
+        "torch.empty_like": lambda: torch.empty_like(x),
+        "x.new_empty": lambda: x.new_empty(x.shape),
         "torch.empty": lambda: torch.empty(x.shape, dtype=x.dtype, device=x.device),
         "check_eps": lambda: R.check_eps(1e-6),
         "check_input": lambda: R.check_input(x, "x"),
