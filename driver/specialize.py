@@ -180,7 +180,8 @@ def _staged(kernel: str, lay: Layout, stage: int, tgt: targets.Target, eb: int) 
     gained 4-12% at N=7168/8192 and lost 2-6% to the L2 prefetch at 2880/4096 (2 chunks per
     thread) and 25-30% with clusters (32768/65536).
     Forward (persistent grid; the next row lands in one buffer while the current one, held in
-    registers, is written): rows of eight or more chunks per thread in one block.
+    registers, is written): never by default. It lost 4-11% at N=8192-65536 in bf16 and 11%
+    at 65536 in f32 to one block per row (docs/results/*tune-v7*); it stays a forced option.
     Both need asynchronous copies, 16-byte chunks, one row per block and buffers that fit.
     """
     buffers = STAGING[kernel]
@@ -192,8 +193,8 @@ def _staged(kernel: str, lay: Layout, stage: int, tgt: targets.Target, eb: int) 
                          f"{'yes' if tgt.stage_piece else 'no'}), 16-byte chunks (here {lay.vec * eb}), "
                          f"buffers within {MAX_STAGE_BYTES} bytes, one row per block, and the row "
                          f"{'re-read' if backward else 'held in registers'}")
-    policy = bool(tgt.stage_piece) and fits and held and lay.rows == 1 and lay.cluster == 1 \
-        and lay.k >= (4 if backward else 8)
+    policy = backward and bool(tgt.stage_piece) and fits and held and lay.rows == 1 and lay.cluster == 1 \
+        and lay.k >= 4
     return replace(lay, stage=policy if stage == -1 else bool(stage), stage_buffers=buffers)
 
 

@@ -5,9 +5,12 @@ over thread-block clusters, the dw reduction, atomics) on small M, each checked 
     compute-sanitizer --tool memcheck python scripts/sanitize.py
 """
 
+import os
+
 import torch
 
 import normir
+from normir import launch
 from normir.ops.rmsnorm import rmsnorm_bwd_ref, rmsnorm_ref
 
 # 32768 / 65536 / 131072: rows over clusters of 2 / 4 / 8 blocks (sm_90); M=200 reuses the
@@ -20,9 +23,25 @@ def err(a, b):
     return ((a.double() - b.double()).norm() / b.double().norm()).item()
 
 
+# Layouts the policy does not pick, forced (NORMIR_TPR): the staged persistent forward, and the
+# staged backward over 2-block clusters.
+FORCED = "rmsnorm_fwd:4096=0s1,rmsnorm_fwd:32768=0s1,rmsnorm_bwd:32768=0s1"
+
+
 def main() -> None:
     bad = 0
-    for n, dt in CASES:
+    for forced in ("", FORCED):
+        os.environ["NORMIR_TPR"] = forced
+        launch.clear_handles()
+        bad += run_cases([(4096, torch.bfloat16), (32768, torch.bfloat16)] if forced else CASES, forced)
+    os.environ["NORMIR_TPR"] = ""
+    launch.clear_handles()
+    atomic_and_report(bad)
+
+
+def run_cases(cases, forced: str) -> int:
+    bad = 0
+    for n, dt in cases:
         for m in (1, 37) if n != 32768 else (200,):
             x = torch.randn((m, n), device="cuda").to(dt)
             w = (torch.randn(n, device="cuda") + 1).to(dt)
@@ -33,7 +52,12 @@ def main() -> None:
             e = (err(y, rmsnorm_ref(x, w, 1e-6)[0]), err(dx, dx_ref), err(dw, dw_ref))
             ok = all(v < 2e-2 for v in e)
             bad += not ok
-            print(f"n={n} m={m} {dt}: y {e[0]:.2e} dx {e[1]:.2e} dw {e[2]:.2e} {'ok' if ok else 'FAIL'}")
+            print(f"n={n} m={m} {dt}{' ' + forced if forced else ''}: y {e[0]:.2e} dx {e[1]:.2e} "
+                  f"dw {e[2]:.2e} {'ok' if ok else 'FAIL'}")
+    return bad
+
+
+def atomic_and_report(bad: int) -> None:
     x = torch.randn((64, 4096), device="cuda").bfloat16()
     w = torch.randn(4096, device="cuda").bfloat16()
     y, rstd = normir.rmsnorm_fwd(x, w, store_rstd=True)

@@ -28,8 +28,8 @@ CLUSTER_CASES = ((2880, 4, "bf16"), (5120, 2, "f32"), (8192, 8, "bf16"), (65536,
 # not go: staging off where it is on and on where it is off, in both kernels, with clusters too.
 FORCED_CASES = (
     (7168, "bf16", {}, {"stage": 0}),  # backward re-read with the L2 prefetch
-    (32768, "bf16", {"stage": 0}, {"stage": 1}),  # forward one block per row; backward staged, 2-block clusters
-    (65536, "bf16", {"stage": 0}, {"l2_prefetch": 0}),  # forward unstaged; backward without prefetch
+    (32768, "bf16", {"stage": 1}, {"stage": 1}),  # forward persistent, staged; backward staged, 2-block clusters
+    (65536, "bf16", {"stage": 1}, {"l2_prefetch": 0}),  # forward staged (8 chunks); backward without prefetch
     (4096, "bf16", {"stage": 1}, {}),  # forward persistent and staged at 4 chunks per thread
     (65536, "f32", {"stage": 1}, {}),  # forward staged and split over a 2-block cluster
 )

@@ -117,6 +117,8 @@ class FakeCuda(FakeLib):
         return self.code("cuLaunchKernel")
 
     def _cuLaunchKernelEx(self, config, fn, params, extra):
+        # The handle passes ctypes objects (no argtypes): the config's and the function's addresses.
+        config, fn = config.value, fn.value
         # CUlaunchConfig: grid x/y/z, block x/y/z, shared bytes (uint32 each), stream at 32.
         u32 = [ctypes.c_uint.from_address(config + 4 * i).value for i in range(7)]
         stream = ctypes.c_void_p.from_address(config + 32).value or 0

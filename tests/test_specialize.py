@@ -360,10 +360,10 @@ def test_stage_policy():
     assert not Options(kernel="rmsnorm_bwd", n=1024).layout.stage  # held in registers
     assert not Options(kernel="rmsnorm_bwd", n=16384, vec=4).layout.stage  # 8-byte chunks
     assert not Options(kernel="rmsnorm_bwd", n=16384, target="gfx950").layout.stage
-    # The forward stages its persistent grid's next row (one buffer) where a thread holds 8+ chunks.
-    fwd = Options(kernel="rmsnorm_fwd", n=16384).layout
+    # The forward stages its persistent grid's next row (one buffer) only when forced.
+    assert not Options(kernel="rmsnorm_fwd", n=16384).layout.stage
+    fwd = Options(kernel="rmsnorm_fwd", n=16384, stage=1).layout
     assert fwd.stage and fwd.cache_row and fwd.smem_bytes == fwd.k * fwd.block * 16
-    assert not Options(kernel="rmsnorm_fwd", n=4096).layout.stage
     assert Options(kernel="rmsnorm_fwd", n=4096, stage=1).layout.smem_bytes == 4 * 128 * 16
     assert not Options(kernel="rmsnorm_fwd", n=1024, stage=0).layout.stage and \
         Options(kernel="rmsnorm_fwd", n=1024).layout.smem_bytes == 0

@@ -70,6 +70,7 @@ def rows_of(t: torch.Tensor) -> tuple[torch.Tensor, int]:
 
 
 _current_device = getattr(torch._C, "_cuda_getDevice", None) or torch.cuda.current_device
+_raw_stream = L.stream if L._raw_stream is None else L._raw_stream  # skips a Python call where torch has it
 
 
 @cache
@@ -111,11 +112,19 @@ def _fwd_key(x: torch.Tensor, weight: torch.Tensor | None, eps: float, store_rst
 
 
 def _fwd_fast(x, weight, eps, store_rstd):
-    if not (type(x) is torch.Tensor and type(eps) is float and type(store_rstd) is bool and x.dim()
-            and x.is_contiguous() and (weight is None or (type(weight) is torch.Tensor and weight.is_contiguous()))):
+    # Each tensor attribute read costs 0.1-0.2 us here: read each one once, cheapest tests first.
+    if type(x) is not torch.Tensor or type(eps) is not float or type(store_rstd) is not bool or not x.dim():
         return None
-    hit = _FWD_SEEN.get(_fwd_key(x, weight, eps, store_rstd))
-    if hit is None:
+    if weight is not None and type(weight) is not torch.Tensor:
+        return None
+    dev = x.get_device()
+    n = x.shape[-1]
+    if weight is None:
+        key = (x.dtype, n, dev, eps, store_rstd, None, None, None)
+    else:
+        key = (x.dtype, n, dev, eps, store_rstd, weight.dtype, weight.shape, weight.get_device())
+    hit = _FWD_SEEN.get(key)
+    if hit is None or not x.is_contiguous() or (weight is not None and not weight.is_contiguous()):
         return None
     h, rows, cluster, cap = hit
     y = torch.empty_like(x)
@@ -123,19 +132,16 @@ def _fwd_fast(x, weight, eps, store_rstd):
     wp = weight.data_ptr() if weight is not None else 0
     if (xp | yp | wp) & 15:
         return None  # an unaligned tensor: the general path picks a narrower vector
-    n = x.shape[-1]
     m = x.numel() // n
     rstd = torch.empty(x.shape[:-1], dtype=torch.float32, device=x.device) if store_rstd else None
     if m:
-        dev = x.get_device()
         groups = -(-m // rows)
         grid = (min(groups, cap) if cap else groups) * cluster
-        args = (xp, wp, yp, rstd.data_ptr() if rstd is not None else 0, m, n, n, grid)
         if _current_device() == dev:
-            h.launch(grid, L.stream(dev), *args)
+            h.launch(grid, _raw_stream(dev), xp, wp, yp, rstd.data_ptr() if store_rstd else 0, m, n, n, grid)
         else:
             with _on_device(dev):
-                h.launch(grid, L.stream(dev), *args)
+                h.launch(grid, L.stream(dev), xp, wp, yp, rstd.data_ptr() if store_rstd else 0, m, n, n, grid)
     return y, rstd
 
 
