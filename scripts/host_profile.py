@@ -31,20 +31,18 @@ def main() -> None:
     h, lay = L.handle("rmsnorm_fwd", 0, 4096, "bf16", "bf16", 1e-6, True, False, 8)
     s = L.stream(0)
     args = (x.data_ptr(), w.data_ptr(), y.data_ptr(), 0, 1, 4096, 4096, 1)
-    # The launch's ctypes call alone, with argtypes (as runtime.py declares it) and without them,
-    # passing ready-made ctypes objects (nothing for ctypes to convert).
+    # The launch's ctypes call alone: as runtime.py makes it (ctypes objects, no argtypes), and
+    # through argtypes from plain ints.
     import ctypes
 
-    ex_typed = h.driver._launch_ex
-    ex_raw = ctypes.PyDLL(h.driver.lib._name).cuLaunchKernelEx
-    ex_raw.restype = ctypes.c_int
-    cfg = h._config
-    cfg.grid_x, cfg.stream = 1, s
-    cfg_obj, fn_obj = ctypes.c_void_p(h._config_ptr), ctypes.c_void_p(h._fn)
-    h._pack(h._buf, 0, *args)
+    vp = ctypes.c_void_p
+    ex_typed = ctypes.PyDLL(h.driver.lib._name).cuLaunchKernelEx
+    ex_typed.argtypes, ex_typed.restype = [vp, vp, vp, vp], ctypes.c_int
+    h.launch(1, s, *args)  # fills the buffer: grid 1 on this stream
+    cfg_addr, fn_addr = h._call_args[0].value, h._call_args[1].value
     rows = {
-        "ctypes call, argtypes": lambda: ex_typed(h._config_ptr, h._fn, None, h._extra),
-        "ctypes call, objects": lambda: ex_raw(cfg_obj, fn_obj, None, h._extra),
+        "ctypes call, argtypes": lambda: ex_typed(cfg_addr, fn_addr, None, h._extra),
+        "ctypes call, objects": lambda: h._call(*h._call_args),
         "torch.empty_like": lambda: torch.empty_like(x),
         "x.new_empty": lambda: x.new_empty(x.shape),
         "torch.empty": lambda: torch.empty(x.shape, dtype=x.dtype, device=x.device),

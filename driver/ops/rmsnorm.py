@@ -111,40 +111,6 @@ def _fwd_key(x: torch.Tensor, weight: torch.Tensor | None, eps: float, store_rst
     return (x.dtype, x.shape[-1], x.get_device(), eps, store_rstd, weight.dtype, weight.shape, weight.get_device())
 
 
-def _fwd_fast(x, weight, eps, store_rstd):
-    # Each tensor attribute read costs 0.1-0.2 us here: read each one once, cheapest tests first.
-    if type(x) is not torch.Tensor or type(eps) is not float or type(store_rstd) is not bool or not x.dim():
-        return None
-    if weight is not None and type(weight) is not torch.Tensor:
-        return None
-    dev = x.get_device()
-    n = x.shape[-1]
-    if weight is None:
-        key = (x.dtype, n, dev, eps, store_rstd, None, None, None)
-    else:
-        key = (x.dtype, n, dev, eps, store_rstd, weight.dtype, weight.shape, weight.get_device())
-    hit = _FWD_SEEN.get(key)
-    if hit is None or not x.is_contiguous() or (weight is not None and not weight.is_contiguous()):
-        return None
-    h, rows, cluster, cap = hit
-    y = torch.empty_like(x)
-    xp, yp = x.data_ptr(), y.data_ptr()
-    wp = weight.data_ptr() if weight is not None else 0
-    if (xp | yp | wp) & 15:
-        return None  # an unaligned tensor: the general path picks a narrower vector
-    m = x.numel() // n
-    rstd = torch.empty(x.shape[:-1], dtype=torch.float32, device=x.device) if store_rstd else None
-    if m:
-        groups = -(-m // rows)
-        grid = (min(groups, cap) if cap else groups) * cluster
-        if _current_device() == dev:
-            h.launch(grid, _raw_stream(dev), xp, wp, yp, rstd.data_ptr() if store_rstd else 0, m, n, n, grid)
-        else:
-            with _on_device(dev):
-                h.launch(grid, L.stream(dev), xp, wp, yp, rstd.data_ptr() if store_rstd else 0, m, n, n, grid)
-    return y, rstd
-
-
 def rmsnorm_fwd(x: torch.Tensor, weight: torch.Tensor | None = None, eps: float = 1e-6,
                 store_rstd: bool = False) -> tuple[torch.Tensor, torch.Tensor | None]:
     """y = x / sqrt(mean(x^2, -1) + eps) * weight, over the last dim; fp32 accumulation.
@@ -152,9 +118,35 @@ def rmsnorm_fwd(x: torch.Tensor, weight: torch.Tensor | None = None, eps: float 
     Returns (y, rstd): y has x's shape and dtype; rstd (float32, shape x.shape[:-1]) only when
     store_rstd, else None. weight: None, or (N,) in x's dtype or float32. x is not modified.
     """
-    fast = _fwd_fast(x, weight, eps, store_rstd)
-    if fast is not None:
-        return fast
+    # The fast path (inline: a Python call costs ~0.1 us). Each tensor attribute read costs
+    # 0.1-0.2 us, so each is read once, the cheapest tests first.
+    if type(x) is torch.Tensor and type(eps) is float and type(store_rstd) is bool and x.dim() and (
+            weight is None or type(weight) is torch.Tensor):
+        dev = x.get_device()
+        n = x.shape[-1]
+        if weight is None:
+            key = (x.dtype, n, dev, eps, store_rstd, None, None, None)
+        else:
+            key = (x.dtype, n, dev, eps, store_rstd, weight.dtype, weight.shape, weight.get_device())
+        hit = _FWD_SEEN.get(key)
+        if hit is not None and x.is_contiguous() and (weight is None or weight.is_contiguous()):
+            h, rows, cluster, cap = hit
+            y = torch.empty_like(x)
+            xp, yp = x.data_ptr(), y.data_ptr()
+            wp = weight.data_ptr() if weight is not None else 0
+            if not (xp | yp | wp) & 15:  # else an unaligned tensor: the general path narrows the vector
+                m = x.numel() // n
+                rstd = torch.empty(x.shape[:-1], dtype=torch.float32, device=x.device) if store_rstd else None
+                if m:
+                    groups = -(-m // rows)
+                    grid = (min(groups, cap) if cap else groups) * cluster
+                    rp = rstd.data_ptr() if store_rstd else 0
+                    if _current_device() == dev:
+                        h.launch(grid, _raw_stream(dev), xp, wp, yp, rp, m, n, n, grid)
+                    else:
+                        with _on_device(dev):
+                            h.launch(grid, L.stream(dev), xp, wp, yp, rp, m, n, n, grid)
+                return y, rstd
     eps = check_eps(eps)
     dt = check_input(x, "x")
     n = x.shape[-1]
