@@ -40,7 +40,27 @@ def main() -> None:
     ex_typed.argtypes, ex_typed.restype = [vp, vp, vp, vp], ctypes.c_int
     h.launch(1, s, *args)  # fills the buffer: grid 1 on this stream
     cfg_addr, fn_addr = h._call_args[0].value, h._call_args[1].value
+    # The classic cuLaunchKernel with every argument a ready-made ctypes object.
+    classic = ctypes.PyDLL(h.driver.lib._name).cuLaunchKernel
+    classic.restype = ctypes.c_int
+    one, grid1, block = ctypes.c_uint(1), ctypes.c_uint(1), ctypes.c_uint(h.block)
+    shm, st, fnp = ctypes.c_uint(h.shared_bytes), vp(s), vp(fn_addr)
+
+    def fast_checks(x=x, weight=w, eps=1e-6, store_rstd=False):
+        # The forward fast path's checks and lookup (rmsnorm_fwd), without allocation or launch.
+        if type(x) is torch.Tensor and type(eps) is float and type(store_rstd) is bool and x.dim() and (
+                weight is None or type(weight) is torch.Tensor):
+            dev = x.get_device()
+            n = x.shape[-1]
+            key = (x.dtype, n, dev, eps, store_rstd, weight.dtype, weight.shape, weight.get_device())
+            hit = R._FWD_SEEN.get(key)
+            return hit is not None and x.is_contiguous() and weight.is_contiguous() and (
+                x.data_ptr() | weight.data_ptr()) & 15 == 0 and x.numel() // n and R._current_device() == dev \
+                and R._raw_stream(dev)
+
     rows = {
+        "fast-path checks": fast_checks,
+        "cuLaunchKernel, objects": lambda: classic(fnp, grid1, one, one, block, one, one, shm, st, None, h._extra),
         "ctypes call, argtypes": lambda: ex_typed(cfg_addr, fn_addr, None, h._extra),
         "ctypes call, objects": lambda: h._call(*h._call_args),
         "torch.empty_like": lambda: torch.empty_like(x),
