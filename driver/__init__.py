@@ -13,5 +13,10 @@ def __getattr__(name: str):
     if name in __all__:
         from .ops import rmsnorm as _rmsnorm
 
-        return getattr(_rmsnorm, name)
+        # Bind all of them here: later `normir.rmsnorm_fwd` lookups are plain module attributes
+        # (this hook costs about 1 us a call, a small call's whole budget).
+        for public in __all__:
+            if public != "__version__":
+                globals()[public] = getattr(_rmsnorm, public)
+        return globals()[name]
     raise AttributeError(f"module 'normir' has no attribute {name!r}")

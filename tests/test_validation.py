@@ -33,6 +33,15 @@ def fake_cuda(t: torch.Tensor) -> torch.Tensor:
 # ---------------------------------------------------------------------------- device
 
 
+def test_public_names_bind_once():
+    # The lazy package binds the API on first use, so later lookups skip the module hook.
+    assert normir.rmsnorm_fwd is R.rmsnorm_fwd
+    for name in ("RMSNorm", "rmsnorm", "rmsnorm_bwd", "rmsnorm_fwd"):
+        assert vars(normir)[name] is getattr(R, name)
+    with pytest.raises(AttributeError, match="module 'normir' has no attribute 'nope'"):
+        normir.nope  # noqa: B018
+
+
 def test_cpu_tensor_rejected():
     x = torch.randn(4, 64, dtype=torch.bfloat16)
     with pytest.raises(ValueError, match=r"x is on cpu; .* x\.cuda\(\)"):
