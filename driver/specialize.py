@@ -23,6 +23,7 @@ MAX_THREADS = 1024
 REDUCE_CT, REDUCE_RT = 8, 32
 BWD_OVERHEAD_REGS = 36  # six pointers, three strides and the persistent loop's state
 ROWS_BLOCK = 256  # block size when several rows share a block
+AMD_1024_ROW_ELEMENTS = 64  # row elements a thread of a 1024-thread AMDGPU block may hold
 PREFETCHING = ("rmsnorm_bwd",)  # kernels with the L2 prefetch of the next row
 MAX_STAGE_BYTES = 200 * 1024  # STAGE buffers past this leave too little shared memory
 STAGING = {"rmsnorm_fwd": 1, "rmsnorm_bwd": 4}  # kernels with a STAGE layout: their buffer count
@@ -247,6 +248,12 @@ def _row_block_layout(n: int, vec: int, held_bytes: int, tgt: targets.Target, tp
     budget = tgt.reg_budget_bytes(tpr * rows)
     cache_row = k * vec * held_bytes <= budget
     prefetch_w = cache_row and k * vec * (held_bytes + w_bytes) <= budget
+    if tgt.hoists_weight and tpr * rows >= MAX_THREADS:
+        # AMDGPU at 1024 threads (128 VGPRs): LLVM holds w as fp32 and bf16 rows unpacked there,
+        # so w does not fit beside the row, nor more than 64 elements of it (the ISA showed 36
+        # and 300 bytes of scratch at N=65536 and 131072 in bf16).
+        prefetch_w = False
+        cache_row = cache_row and k * vec <= AMD_1024_ROW_ELEMENTS
     return Layout(vec=vec, tpr=tpr, rows=rows, k=k, kfull=nchunk // tpr, nchunk=nchunk,
                   cache_row=cache_row, warp=warp, prefetch_w=prefetch_w)
 
