@@ -359,7 +359,6 @@ def common_values(opts: Options) -> dict[str, str]:
         # The cross-block piece only where rows are split: a no-op sum otherwise.
         "CLUSTER_PIECE": tgt.cluster_piece if lay.cluster > 1 else "common/cluster_sum_none.mlir",
         "CLUSTER": str(lay.cluster),
-        "XCH_SLOTS": str(2 * lay.cluster),
         "PREFETCH_PIECE": tgt.prefetch_piece if lay.l2_prefetch else "common/prefetch_none.mlir",
         "L2_PREFETCH": _bool(lay.l2_prefetch),
         "STAGE": _bool(lay.stage),

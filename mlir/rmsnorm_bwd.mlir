@@ -43,8 +43,7 @@ gpu.module @normir [${TARGET}] {
                         %rows: index, %x_stride: index, %dy_stride: index, %dx_stride: index,
                         %grid: index)
       workgroup(%red: memref<${WPR}xf32, #gpu.address_space<workgroup>>,
-                %xch: memref<${XCH_SLOTS}xf32, #gpu.address_space<workgroup>>,
-                %mbar: memref<2xi64, #gpu.address_space<workgroup>>)
+                %xch: memref<2xf32, #gpu.address_space<workgroup>>)
       private(%xbuf: memref<${K}x${V}x${T}, #gpu.address_space<private>>,
               %dybuf: memref<${K}x${V}x${T}, #gpu.address_space<private>>,
               %wbuf: memref<${K}x${V}xf32, #gpu.address_space<private>>,
@@ -99,7 +98,6 @@ gpu.module @normir [${TARGET}] {
     %dy_base = memref.extract_aligned_pointer_as_index %dy_arg : memref<${N}x${T}> -> index
     %group_stride = arith.muli %clusters, %rows_per_block : index
     %part_row = arith.addi %part_base, %slot : index
-    func.call @normir_cluster_init(%mbar, %tid) : (memref<2xi64, #gpu.address_space<workgroup>>, index) -> ()
     // STAGE buffers (dynamic shared memory): [buffer][x, dy][k][thread] -> one 16-byte chunk.
     %stage_base = func.call @normir_stage_base() : () -> index
 
@@ -219,9 +217,8 @@ gpu.module @normir [${TARGET}] {
       %dot_thread = vector.reduction <add>, %dot_vec : vector<${V}xf32> into f32
       %dot = func.call @normir_row_sum(%dot_thread, %tid, %red)
           : (f32, index, memref<${WPR}xf32, #gpu.address_space<workgroup>>) -> f32
-      %dot_all = func.call @normir_cluster_sum(%dot, %tid, %xch, %mbar, %iter)
-          : (f32, index, memref<${XCH_SLOTS}xf32, #gpu.address_space<workgroup>>,
-             memref<2xi64, #gpu.address_space<workgroup>>, index) -> f32
+      %dot_all = func.call @normir_cluster_sum(%dot, %tid, %xch, %parity)
+          : (f32, index, memref<2xf32, #gpu.address_space<workgroup>>, index) -> f32
       %c1_s = arith.mulf %dot_all, %inv_n : f32
       %c1_v = vector.broadcast %c1_s : f32 to vector<${V}xf32>
 
@@ -313,6 +310,9 @@ gpu.module @normir [${TARGET}] {
         }
       }
     }
+    // Peers may still read this block's %xch: leave together.
+    func.call @normir_cluster_arrive() : () -> ()
+    func.call @normir_cluster_wait() : () -> ()
     gpu.return
   }
 

@@ -38,8 +38,7 @@ gpu.module @normir [${TARGET}] {
                         %rstd_arg: memref<1xf32> {llvm.noalias, llvm.writeonly},
                         %rows: index, %x_stride: index, %y_stride: index, %grid: index)
       workgroup(%red: memref<${WPR}xf32, #gpu.address_space<workgroup>>,
-                %xch: memref<${XCH_SLOTS}xf32, #gpu.address_space<workgroup>>,
-                %mbar: memref<2xi64, #gpu.address_space<workgroup>>)
+                %xch: memref<2xf32, #gpu.address_space<workgroup>>)
       private(%xbuf: memref<${K}x${V}x${T}, #gpu.address_space<private>>,
               %wbuf: memref<${K}x${V}x${WT}, #gpu.address_space<private>>)
       kernel attributes {known_block_size = array<i32: ${BLOCK}, 1, 1>} {
@@ -81,7 +80,6 @@ gpu.module @normir [${TARGET}] {
     %y = memref.reinterpret_cast %y_arg to offset: [0], sizes: [%rows, ${N}], strides: [%y_stride, 1]
         : memref<${N}x${T}> to memref<?x${N}x${T}, strided<[?, 1]>>
     %x_base = memref.extract_aligned_pointer_as_index %x_arg : memref<${N}x${T}> -> index
-    func.call @normir_cluster_init(%mbar, %tid) : (memref<2xi64, #gpu.address_space<workgroup>>, index) -> ()
     // STAGE buffer (dynamic shared memory): [k][thread] -> one 16-byte chunk of the next row.
     %stage_base = func.call @normir_stage_base() : () -> index
     scf.if %stage_on {
@@ -100,6 +98,7 @@ gpu.module @normir [${TARGET}] {
     %g_step = arith.select %stage_on, %clusters, %c1 : index
     scf.for %g = %cid to %g_end step %g_step {
       %iter = arith.divui %g, %clusters : index
+      %parity = arith.remui %iter, %c2 : index
       %g_base = arith.muli %g, %rows_per_block : index
       %row = arith.addi %g_base, %slot : index
       %row_valid = arith.cmpi ult, %row, %rows : index
@@ -147,9 +146,10 @@ gpu.module @normir [${TARGET}] {
         %sq_thread = vector.reduction <add>, %sq_vec : vector<${V}xf32> into f32
         %sq_row = func.call @normir_row_sum(%sq_thread, %tid, %red)
             : (f32, index, memref<${WPR}xf32, #gpu.address_space<workgroup>>) -> f32
-        %sq_all = func.call @normir_cluster_sum(%sq_row, %tid, %xch, %mbar, %iter)
-            : (f32, index, memref<${XCH_SLOTS}xf32, #gpu.address_space<workgroup>>,
-               memref<2xi64, #gpu.address_space<workgroup>>, index) -> f32
+        %sq_all = func.call @normir_cluster_sum(%sq_row, %tid, %xch, %parity)
+            : (f32, index, memref<2xf32, #gpu.address_space<workgroup>>, index) -> f32
+        // This block is done reading its peers' slots; it waits for theirs at the end of the row.
+        func.call @normir_cluster_arrive() : () -> ()
         // The reduction's barrier is behind every thread's reads of the STAGE buffer: refill it
         // with the block's next row while this one is normalized and written.
         scf.if %stage_on {
@@ -213,6 +213,7 @@ gpu.module @normir [${TARGET}] {
             vector.store %yv, %y[%row, %col] {alignment = ${ALIGN}} : memref<?x${N}x${T}, strided<[?, 1]>>, vector<${V}x${T}>
           }
         }
+        func.call @normir_cluster_wait() : () -> ()
       }
     }
     gpu.return
