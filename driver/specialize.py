@@ -24,6 +24,7 @@ REDUCE_CT, REDUCE_RT = 8, 32
 BWD_OVERHEAD_REGS = 36  # six pointers, three strides and the persistent loop's state
 ROWS_BLOCK = 256  # block size when several rows share a block
 AMD_1024_ROW_ELEMENTS = 64  # row elements a thread of a 1024-thread AMDGPU block may hold
+AMD_HOIST_K, AMD_ROLLED_K = 32, 64  # AMDGPU backward, dw in memory: chunk counts, see _bwd_block_layout
 PREFETCHING = ("rmsnorm_bwd",)  # kernels with the L2 prefetch of the next row
 MAX_STAGE_BYTES = 200 * 1024  # STAGE buffers past this leave too little shared memory
 STAGING = {"rmsnorm_fwd": 1, "rmsnorm_bwd": 4}  # kernels with a STAGE layout: their buffer count
@@ -144,6 +145,7 @@ def _bwd_block_layout(n: int, vec: int, held_bytes: int, tgt: targets.Target, tp
       else to 1024 threads with the sums in memory (read-modify-write per row).
     """
     warp = tgt.warp
+    forced = tpr > 0
     nchunk = n // vec
     dw_bytes = 8 if tgt.hoists_weight else 4  # fp32 dw sums (+ the hoisted fp32 w, see targets)
     short = nchunk <= 256
@@ -168,6 +170,13 @@ def _bwd_block_layout(n: int, vec: int, held_bytes: int, tgt: targets.Target, tp
     k = -(-nchunk // tpr)
     budget = tgt.reg_budget_bytes(tpr * rows, overhead_regs=BWD_OVERHEAD_REGS)
     dw_regs = k * vec * dw_bytes <= budget
+    if tgt.hoists_weight and not forced and not dw_regs and rows == 1 and vec == 4 and held_bytes == 4 \
+            and AMD_HOIST_K <= k < AMD_ROLLED_K:
+        # LLVM (AMDGPU) fully unrolls a 4-byte row's chunk loops at 32 chunks per thread and then
+        # hoists every w load out of the persistent row loop: at N=65536 in f32 that took 256
+        # VGPRs and 680 bytes of scratch. At 64 chunks the loops stay rolled; nothing is hoisted.
+        tpr = max(warp, -(-math.ceil(nchunk / AMD_ROLLED_K) // warp) * warp)
+        k = -(-nchunk // tpr)
     cache_row = short and k * vec * (4 + 2 * held_bytes) <= budget
     return Layout(vec=vec, tpr=tpr, rows=rows, k=k, kfull=nchunk // tpr, nchunk=nchunk,
                   cache_row=cache_row, warp=warp, prefetch_w=False, dw_regs=dw_regs)

@@ -378,6 +378,21 @@ def test_stage_policy():
         Options(kernel="rmsnorm_bwd", n=16384, stage=5)
 
 
+def test_amd_layouts_that_spilled():
+    # gfx950 rows whose ISA showed scratch: the forward's 1024-thread rows hold no w and at most 64
+    # elements; the backward's f32 rows with dw in memory get 64 chunks per thread (rolled loops).
+    fwd = Options(kernel="rmsnorm_fwd", n=65536, target="gfx950").layout
+    assert fwd.block == 1024 and fwd.cache_row and not fwd.prefetch_w
+    assert not Options(kernel="rmsnorm_fwd", n=131072, target="gfx950").layout.cache_row
+    bwd = Options(kernel="rmsnorm_bwd", n=65536, dtype="f32", wdtype="f32", target="gfx950").layout
+    assert not bwd.dw_regs and bwd.k == S.AMD_ROLLED_K and bwd.tpr == 256
+    # Other dtypes and sm_90 keep their layouts.
+    assert Options(kernel="rmsnorm_bwd", n=65536, target="gfx950").layout.k == 16
+    sm90 = Options(kernel="rmsnorm_fwd", n=65536).layout
+    assert (sm90.block, sm90.k, sm90.cache_row) == (1024, 8, True)
+    assert Options(kernel="rmsnorm_bwd", n=65536, dtype="f32", wdtype="f32").layout.k < S.AMD_HOIST_K
+
+
 def test_reduce_layout():
     o = Options(kernel="rmsnorm_dw_reduce", n=4096, dtype="f32", target="gfx950")
     lay = o.layout
