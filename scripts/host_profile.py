@@ -3,25 +3,12 @@
     python scripts/host_profile.py     # on the GPU machine; microseconds per call
 """
 
-import time
-
 import torch
+from bench import host_us  # the benchmark's small-M timer (scripts/ is on sys.path when run)
 
 import normir
 from normir import launch as L
 from normir.ops import rmsnorm as R
-
-
-def per_call(fn, n=5000) -> float:
-    for _ in range(200):
-        fn()
-    torch.cuda.synchronize()
-    t = time.perf_counter()
-    for _ in range(n):
-        fn()
-    dt = time.perf_counter() - t
-    torch.cuda.synchronize()
-    return dt / n * 1e6
 
 
 def main() -> None:
@@ -79,7 +66,7 @@ def main() -> None:
         "F.rms_norm": lambda: torch.nn.functional.rms_norm(x, (4096,), w, 1e-6),
     }
     for name, fn in rows.items():
-        print(f"{name:20} {per_call(fn):6.2f} us")
+        print(f"{name:20} {host_us(fn, 5000):6.2f} us")
 
 
 if __name__ == "__main__":

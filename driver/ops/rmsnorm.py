@@ -98,7 +98,6 @@ class _on_device:
 
 # ---------------------------------------------------------------------------- launchers
 
-
 # Small calls are dominated by host time, so a call that looks like one already checked and
 # launched (same dtypes, N, weight shape and device, eps, store_rstd; contiguous, 16-byte aligned)
 # skips the checks and the handle lookup: every property they depend on is in the key.
@@ -124,7 +123,7 @@ def rmsnorm_fwd(x: torch.Tensor, weight: torch.Tensor | None = None, eps: float 
             weight is None or type(weight) is torch.Tensor):
         dev = x.get_device()
         n = x.shape[-1]
-        if weight is None:
+        if weight is None:  # _fwd_key, written out so that no attribute is read twice
             key = (x.dtype, n, dev, eps, store_rstd, None, None, None)
         else:
             key = (x.dtype, n, dev, eps, store_rstd, weight.dtype, weight.shape, weight.get_device())
