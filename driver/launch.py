@@ -42,19 +42,22 @@ def device_target(index: int) -> str:
     return chip
 
 
-_TPR_ITEM = re.compile(r"(\w+):(\d+)=(\d+)(?:x(\d+))?(?:p([01]))?(?:s([01]))?")
+_TPR_ITEM = re.compile(r"(\w+):(\d+)=(\d+)(?:x(\d+))?(?:p([01]))?(?:s([01]))?(?:m(\d+))?(?:h(\d+))?")
 
 
-def tpr_overrides() -> dict[tuple[str, int], tuple[int, int, int, int]]:
-    """NORMIR_TPR parsed: {(kernel, n): (threads per row, blocks per row, L2 prefetch, stage)};
-    0, 0, -1 and -1 are the policy's."""
+def tpr_overrides() -> dict[tuple[str, int], dict[str, int]]:
+    """NORMIR_TPR parsed: {(kernel, n): Options fields}: tpr (threads per row), cluster (blocks
+    per row), l2_prefetch, stage, min_blocks and hints; the policy's values (0, 0, -1, -1, 0, -1)
+    where omitted."""
     out = {}
     for item in filter(None, (p.strip() for p in env.TPR.get().split(","))):
         m = _TPR_ITEM.fullmatch(item)
         if m is None:
-            raise ValueError(f"NORMIR_TPR item {item!r} is not KERNEL:N=TPR[xCLUSTER][p0|p1][s0|s1] "
-                             "(e.g. rmsnorm_bwd:65536=512x2p0s1)")
-        out[(m[1], int(m[2]))] = (int(m[3]), int(m[4] or 0), int(m[5]) if m[5] else -1, int(m[6]) if m[6] else -1)
+            raise ValueError(f"NORMIR_TPR item {item!r} is not KERNEL:N=TPR[xCLUSTER][p0|p1][s0|s1][mBLOCKS][hHINTS] "
+                             "(e.g. rmsnorm_bwd:65536=512x2p0s1m2h1)")
+        out[(m[1], int(m[2]))] = dict(tpr=int(m[3]), cluster=int(m[4] or 0), l2_prefetch=int(m[5]) if m[5] else -1,
+                                      stage=int(m[6]) if m[6] else -1, min_blocks=int(m[7] or 0),
+                                      hints=int(m[8]) if m[8] else -1)
     return out
 
 
@@ -83,11 +86,10 @@ def handle(kernel: str, device: int, n: int, dtype: str, wdtype: str, eps: float
     with _lock:
         hit = _handles.get(key)
         if hit is None:
-            tpr, cluster, l2_prefetch, stage = tpr_overrides().get((kernel, n), (0, 0, -1, -1))
             opts = Options(kernel=kernel, n=n, dtype=dtype, wdtype=wdtype, eps=eps,
                            target=device_target(device), has_weight=has_weight,
-                           store_rstd=store_rstd, vec=vec, atomic_dw=atomic_dw, tpr=tpr, cluster=cluster,
-                           l2_prefetch=l2_prefetch, stage=stage)
+                           store_rstd=store_rstd, vec=vec, atomic_dw=atomic_dw,
+                           **tpr_overrides().get((kernel, n), {}))
             binary = library.get_binary(opts)
             drv = runtime.driver(vendor())
             fn = drv.function(device, binary.key, binary.data, binary.entry)

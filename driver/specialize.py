@@ -25,9 +25,19 @@ BWD_OVERHEAD_REGS = 36  # six pointers, three strides and the persistent loop's 
 ROWS_BLOCK = 256  # block size when several rows share a block
 AMD_1024_ROW_ELEMENTS = 64  # row elements a thread of a 1024-thread AMDGPU block may hold
 AMD_HOIST_K, AMD_ROLLED_K = 32, 64  # AMDGPU backward, dw in memory: chunk counts, see _bwd_block_layout
+HINTING = ("rmsnorm_fwd", "rmsnorm_bwd")  # kernels with L2 eviction hints
 PREFETCHING = ("rmsnorm_bwd",)  # kernels with the L2 prefetch of the next row
 MAX_STAGE_BYTES = 200 * 1024  # STAGE buffers past this leave too little shared memory
+# The backward stages by default only where two blocks' buffers fit a multiprocessor: at N=16384
+# (128 KB, one block) the L2 prefetch with eviction hints beat staging by 9% (docs/results/*tune-v11*).
+STAGE_POLICY_BYTES = 100 * 1024
 STAGING = {"rmsnorm_fwd": 1, "rmsnorm_bwd": 4}  # kernels with a STAGE layout: their buffer count
+MAX_MIN_BLOCKS = 32  # NVVM's .minnctapersm: at most the resident blocks of a multiprocessor
+# Options.hints bits (see mlir/common/cache_hint_nvvm.mlir): a row's last read asks L2 to evict
+# its lines first; stores do; a first read that pass 2 repeats asks L2 to keep them; loads skip
+# the non-coherent (.nc) path.
+HINT_LAST_READ, HINT_STORES, HINT_KEEP, HINT_COHERENT = 1, 2, 4, 8
+HINT_LOADS = HINT_LAST_READ | HINT_KEEP | HINT_COHERENT
 MAX_CLUSTER = 8  # blocks of a thread-block cluster that share one row (the portable limit)
 # The backward splits rows whose dw sums need more than this many registers per thread: with
 # 64 (N=32768 bf16 in one 512-thread block) ptxas caps the block at 128 registers and spills.
@@ -64,6 +74,8 @@ class Layout:
     l2_prefetch: bool = False  # pass 1 also asks L2 for the block's next row (prefetch.global.L2)
     stage: bool = False  # rows staged through shared memory by asynchronous copies (cp.async)
     stage_buffers: int = 0  # STAGE buffers of K x BLOCK 16-byte chunks: 4 backward (2 x x, dy), 1 forward
+    min_blocks: int = 0  # blocks that must fit one multiprocessor (caps registers per thread); 0: no cap
+    hints: int = 0  # L2 eviction hints: HINT_LOADS (x, dy reads), HINT_STORES (y, dx writes)
 
     @property
     def smem_bytes(self) -> int:
@@ -188,7 +200,8 @@ def _staged(kernel: str, lay: Layout, stage: int, tgt: targets.Target, eb: int) 
     Backward (x, dy through two buffers, both passes read them): rows re-read in pass 2, four or
     more chunks per thread, not split over a cluster. On the H200 (docs/results/*tune-v6*) this
     gained 4-12% at N=7168/8192 and lost 2-6% to the L2 prefetch at 2880/4096 (2 chunks per
-    thread) and 25-30% with clusters (32768/65536).
+    thread) and 25-30% with clusters (32768/65536); where one block's buffers take more than
+    STAGE_POLICY_BYTES, the L2 prefetch with eviction hints wins.
     Forward (persistent grid; the next row lands in one buffer while the current one, held in
     registers, is written): never by default. It lost 4-11% at N=8192-65536 in bf16 and 11%
     at 65536 in f32 to one block per row (docs/results/*tune-v7*); it stays a forced option.
@@ -204,8 +217,25 @@ def _staged(kernel: str, lay: Layout, stage: int, tgt: targets.Target, eb: int) 
                          f"buffers within {MAX_STAGE_BYTES} bytes, one row per block, and the row "
                          f"{'re-read' if backward else 'held in registers'}")
     policy = backward and bool(tgt.stage_piece) and fits and held and lay.rows == 1 and lay.cluster == 1 \
-        and lay.k >= 4
+        and lay.k >= 4 and buffers * lay.k * lay.block * MAX_VECTOR_BYTES <= STAGE_POLICY_BYTES
     return replace(lay, stage=policy if stage == -1 else bool(stage), stage_buffers=buffers)
+
+
+def _hint_policy(kernel: str, lay: Layout) -> int:
+    """The L2 eviction hints a layout gets by default, from H200 measurements (docs/results/*tune-v10*
+    and *tune-v11*, each variant timed twice in opposite orders):
+
+    - backward rows that pass 2 reads again (from L2), neither staged nor split over a cluster:
+      last reads and dx stores evict first (+3-4% at N=2880/4096, +9% at 16384); with clusters
+      (32768, 65536) that lost 1-6%, on rows held in registers (1024, 2048) 4%, and keeping pass
+      1's lines (evict_last) added nothing;
+    - forward rows of one 1024-thread block (N=65536 in bf16): y stores evict first (+0.6% and
+      +1.5%); shorter rows lost about 1% with it, and every load hint lost 1-9%.
+    """
+    if kernel == "rmsnorm_bwd":
+        rereads = not lay.cache_row and not lay.stage and lay.cluster == 1
+        return HINT_LAST_READ | HINT_STORES if rereads else 0
+    return HINT_STORES if lay.block == MAX_THREADS and lay.cluster == 1 else 0
 
 
 def reduce_layout(n: int, vec: int, warp: int) -> Layout:
@@ -293,6 +323,8 @@ class Options:
     cluster: int = 0  # blocks per row (a thread-block cluster); 0: the layout policy decides
     l2_prefetch: int = -1  # 1/0: prefetch the next row into L2 or not; -1: the layout policy decides
     stage: int = -1  # backward, 1/0: stage x and dy through shared memory or not; -1: the policy's
+    min_blocks: int = 0  # NVVM: blocks per multiprocessor the register allocation must allow; 0: the policy's
+    hints: int = -1  # L2 eviction hints, a sum of HINT_LOADS and HINT_STORES (0: none); -1: the policy's
     layout: Layout = field(init=False, compare=False, repr=False)
 
     def __post_init__(self) -> None:
@@ -330,6 +362,11 @@ class Options:
                              "use -1 or 0")
         if self.stage not in (-1, 0, 1):
             raise ValueError(f"stage={self.stage!r}: choose 1 (on), 0 (off) or -1 (the policy's)")
+        if isinstance(self.min_blocks, bool) or not isinstance(self.min_blocks, int) \
+                or not 0 <= self.min_blocks <= MAX_MIN_BLOCKS:
+            raise ValueError(f"min_blocks={self.min_blocks!r} must be an int from 0 (the policy's) to {MAX_MIN_BLOCKS}")
+        if self.min_blocks and not tgt.min_blocks_attr:
+            raise ValueError(f"min_blocks={self.min_blocks}: {self.target} has no blocks-per-multiprocessor bound; use 0")
         spec = KERNELS[self.kernel]
         lay = spec.layout(self, tgt)
         if self.kernel in STAGING:
@@ -338,9 +375,21 @@ class Options:
             raise ValueError(f"stage=1: {self.kernel} has no staged layout; use -1 or 0")
         if self.kernel in PREFETCHING:
             # Measured on the H200 (docs/results/*tune-v5*): +2-19% for the backward's one-row
-            # blocks; the forward, which lost 3-24% with it, has no L2 prefetch any more.
+            # blocks. The forward, which lost 3-24% with it in a block-per-row grid and 4-16% in a
+            # persistent grid (docs/results/*tune-v9*), has none.
             policy = lay.rows == 1 and not lay.stage and tgt.prefetch_piece is not None
             lay = replace(lay, l2_prefetch=policy if self.l2_prefetch == -1 else bool(self.l2_prefetch))
+        if isinstance(self.hints, bool) or not isinstance(self.hints, int) or not -1 <= self.hints <= 15:
+            raise ValueError(f"hints={self.hints!r}: choose -1 (the policy's), 0 (none), or a sum of "
+                             f"{HINT_LAST_READ} (last reads evict first), {HINT_STORES} (stores evict first), "
+                             f"{HINT_KEEP} (reads repeated later evict last) and {HINT_COHERENT} (no .nc loads)")
+        hintable = tgt.hint_piece is not None and lay.vec * DTYPES[self.dtype] == MAX_VECTOR_BYTES \
+            and self.kernel in HINTING
+        if self.hints > 0 and not hintable:
+            raise ValueError(f"hints={self.hints}: {self.kernel} on {self.target} has no L2 eviction hints for "
+                             f"{lay.vec * DTYPES[self.dtype]}-byte chunks (they need 16 and an NVVM target); use -1 or 0")
+        hints = _hint_policy(self.kernel, lay) if self.hints == -1 and hintable else max(0, self.hints)
+        lay = replace(lay, min_blocks=self.min_blocks, hints=hints)
         object.__setattr__(self, "layout", lay)
 
     def key_string(self) -> str:
@@ -373,6 +422,13 @@ def common_values(opts: Options) -> dict[str, str]:
         "STAGE": _bool(lay.stage),
         "STAGE_PIECE": tgt.stage_piece if lay.stage else "common/stage_none.mlir",
         "STAGE_BLOCK_BYTES": str(lay.block * MAX_VECTOR_BYTES),
+        "HINT_PIECE": tgt.hint_piece if lay.hints else "common/cache_hint_none.mlir",
+        "HINT_LD": _bool(bool(lay.hints & HINT_LOADS)),
+        "HINT_ST": _bool(bool(lay.hints & HINT_STORES)),
+        "POLICY_LAST_READ": "evict_first" if lay.hints & HINT_LAST_READ else "evict_normal",
+        "POLICY_KEEP": "evict_last" if lay.hints & HINT_KEEP else "evict_normal",
+        "LD_NC": "" if lay.hints & HINT_COHERENT else ".nc",
+        "KERNEL_ATTRS": tgt.min_blocks_attr.format(lay.min_blocks) if lay.min_blocks else "",
         "EB": str(eb),
         "NSUB": str(lay.nsub),
         "ATOMIC_PIECE": tgt.atomic_piece,

@@ -39,6 +39,11 @@ class Target:
     prefetch_piece: str | None = None
     # Asynchronous 16-byte global -> shared copies (cp.async, sm_80+), for staging rows.
     stage_piece: str | None = None
+    # The kernel attribute that makes the register allocator leave room for N resident blocks
+    # ({} is N), appended to a gpu.func's attributes: NVVM's minctasm (PTX .minnctapersm).
+    min_blocks_attr: str | None = None
+    # 16-byte loads and stores with an L2 eviction policy (createpolicy + .L2::cache_hint, sm_80+).
+    hint_piece: str | None = None
 
     @property
     def clusters(self) -> bool:
@@ -94,6 +99,7 @@ def _nv(chip: str, ptx: str, clusters: bool) -> Target:
         binary_formats=("bin", "isa"), isa_suffix=".ptx", bin_suffix=".cubin",
         cluster_piece="common/cluster_sum_nvvm.mlir" if clusters else None,
         prefetch_piece="common/prefetch_nvvm.mlir", stage_piece="common/stage_nvvm.mlir",
+        min_blocks_attr=", nvvm.minctasm = {} : i32", hint_piece="common/cache_hint_nvvm.mlir",
     )
 
 

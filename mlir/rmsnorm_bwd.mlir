@@ -33,6 +33,7 @@ gpu.module @normir [${TARGET}] {
 // normir:splice ${CLUSTER_PIECE}
 // normir:splice ${PREFETCH_PIECE}
 // normir:splice ${STAGE_PIECE}
+// normir:splice ${HINT_PIECE}
 
   gpu.func @rmsnorm_bwd(%x_arg: memref<${N}x${T}> {llvm.noalias, llvm.readonly},
                         %w_arg: memref<${N}x${WT}> {llvm.noalias, llvm.readonly},
@@ -48,7 +49,7 @@ gpu.module @normir [${TARGET}] {
               %dybuf: memref<${K}x${V}x${T}, #gpu.address_space<private>>,
               %wbuf: memref<${K}x${V}xf32, #gpu.address_space<private>>,
               %dwbuf: memref<${K}x${V}xf32, #gpu.address_space<private>>)
-      kernel attributes {known_block_size = array<i32: ${BLOCK}, 1, 1>} {
+      kernel attributes {known_block_size = array<i32: ${BLOCK}, 1, 1>${KERNEL_ATTRS}} {
     %c0 = arith.constant 0 : index
     %c1 = arith.constant 1 : index
     %tpr = arith.constant ${TPR} : index
@@ -64,6 +65,7 @@ gpu.module @normir [${TARGET}] {
     %l2_prefetch = arith.constant ${L2_PREFETCH}
     %stage_on = arith.constant ${STAGE}
     %eb = arith.constant ${EB} : index
+    %hint_st = arith.constant ${HINT_ST}
     %inv_n = arith.constant ${INV_N} : f32
     %zero_v = arith.constant dense<0.0> : vector<${V}xf32>
     %one_v = arith.constant dense<1.0> : vector<${V}xf32>
@@ -96,6 +98,13 @@ gpu.module @normir [${TARGET}] {
     %part_base = arith.muli %cid, %rows_per_block : index
     %x_base = memref.extract_aligned_pointer_as_index %x_arg : memref<${N}x${T}> -> index
     %dy_base = memref.extract_aligned_pointer_as_index %dy_arg : memref<${N}x${T}> -> index
+    %dx_base = memref.extract_aligned_pointer_as_index %dx_arg : memref<${N}x${T}> -> index
+    // HINT_LD (see normir_bwd_row_chunk): pass 1 keeps in L2 what pass 2 reads again; the last
+    // read of a line, and with HINT_ST the dx stores, ask L2 to evict it first.
+    %pol_first = func.call @normir_policy_first() : () -> i64
+    %pol_last = func.call @normir_policy_last() : () -> i64
+    %pol_store = func.call @normir_policy_store() : () -> i64
+    %pol_pass1 = arith.select %cache_row, %pol_first, %pol_last : i64
     %group_stride = arith.muli %clusters, %rows_per_block : index
     %part_row = arith.addi %part_base, %slot : index
     // STAGE buffers (dynamic shared memory): [buffer][x, dy][k][thread] -> one 16-byte chunk.
@@ -177,8 +186,8 @@ gpu.module @normir [${TARGET}] {
         %live = arith.andi %live_col, %row_valid : i1
         %xv, %dyv = scf.if %live -> (vector<${V}x${T}>, vector<${V}x${T}>) {
           %a, %b = func.call @normir_bwd_row_chunk(%x_arg, %dy_arg, %stage_base, %rows, %x_stride, %dy_stride, %row,
-                                                   %col, %parity, %k, %tid, %stage_on)
-              : (memref<${N}x${T}>, memref<${N}x${T}>, index, index, index, index, index, index, index, index, index, i1)
+                                                   %col, %parity, %k, %tid, %stage_on, %pol_pass1)
+              : (memref<${N}x${T}>, memref<${N}x${T}>, index, index, index, index, index, index, index, index, index, i1, i64)
               -> (vector<${V}x${T}>, vector<${V}x${T}>)
           scf.yield %a, %b : vector<${V}x${T}>, vector<${V}x${T}>
         } else {
@@ -239,8 +248,8 @@ gpu.module @normir [${TARGET}] {
         } else {
           %a, %b = scf.if %live -> (vector<${V}x${T}>, vector<${V}x${T}>) {
             %a1, %b1 = func.call @normir_bwd_row_chunk(%x_arg, %dy_arg, %stage_base, %rows, %x_stride, %dy_stride,
-                                                       %row, %col, %parity, %k, %tid, %stage_on)
-                : (memref<${N}x${T}>, memref<${N}x${T}>, index, index, index, index, index, index, index, index, index, i1)
+                                                       %row, %col, %parity, %k, %tid, %stage_on, %pol_first)
+                : (memref<${N}x${T}>, memref<${N}x${T}>, index, index, index, index, index, index, index, index, index, i1, i64)
                 -> (vector<${V}x${T}>, vector<${V}x${T}>)
             scf.yield %a1, %b1 : vector<${V}x${T}>, vector<${V}x${T}>
           } else {
@@ -265,7 +274,13 @@ gpu.module @normir [${TARGET}] {
         %dxf = arith.mulf %diff, %rstd_v : vector<${V}xf32>
         scf.if %live {
           %dxv = ${TRUNC_T} %dxf : vector<${V}xf32> to vector<${V}x${T}>
-          vector.store %dxv, %dx[%row, %col] {alignment = ${ALIGN}} : memref<?x${N}x${T}, strided<[?, 1]>>, vector<${V}x${T}>
+          scf.if %hint_st {
+            %e0 = arith.muli %row, %dx_stride : index
+            %e = arith.addi %e0, %col : index
+            func.call @normir_st_hint(%dx_base, %e, %dxv, %pol_store) : (index, index, vector<${V}x${T}>, i64) -> ()
+          } else {
+            vector.store %dxv, %dx[%row, %col] {alignment = ${ALIGN}} : memref<?x${N}x${T}, strided<[?, 1]>>, vector<${V}x${T}>
+          }
         }
         scf.if %has_weight {
           scf.if %dw_regs {
@@ -316,12 +331,14 @@ gpu.module @normir [${TARGET}] {
     gpu.return
   }
 
-  // Chunk k of this thread in row `row`: x and dy from the STAGE buffer `buf`, or from memory.
+  // Chunk k of this thread in row `row`: x and dy from the STAGE buffer `buf`, or from memory
+  // (with HINT_LD under the L2 eviction policy `policy`).
   func.func private @normir_bwd_row_chunk(%x_arg: memref<${N}x${T}>, %dy_arg: memref<${N}x${T}>,
       %stage_base: index, %rows: index, %x_stride: index, %dy_stride: index, %row: index, %col: index,
-      %buf: index, %k: index, %tid: index, %stage_on: i1) -> (vector<${V}x${T}>, vector<${V}x${T}>)
+      %buf: index, %k: index, %tid: index, %stage_on: i1, %policy: i64) -> (vector<${V}x${T}>, vector<${V}x${T}>)
       attributes {llvm.linkage = #llvm.linkage<internal>} {
     %c0 = arith.constant 0 : index
+    %hint_ld = arith.constant ${HINT_LD}
     %x = memref.reinterpret_cast %x_arg to offset: [0], sizes: [%rows, ${N}], strides: [%x_stride, 1]
         : memref<${N}x${T}> to memref<?x${N}x${T}, strided<[?, 1]>>
     %dy = memref.reinterpret_cast %dy_arg to offset: [0], sizes: [%rows, ${N}], strides: [%dy_stride, 1]
@@ -332,9 +349,22 @@ gpu.module @normir [${TARGET}] {
       %b1 = func.call @normir_stage_load(%dy_at) : (index) -> vector<${V}x${T}>
       scf.yield %a1, %b1 : vector<${V}x${T}>, vector<${V}x${T}>
     } else {
-      %a1 = vector.load %x[%row, %col] {alignment = ${ALIGN}} : memref<?x${N}x${T}, strided<[?, 1]>>, vector<${V}x${T}>
-      %b1 = vector.load %dy[%row, %col] {alignment = ${ALIGN}} : memref<?x${N}x${T}, strided<[?, 1]>>, vector<${V}x${T}>
-      scf.yield %a1, %b1 : vector<${V}x${T}>, vector<${V}x${T}>
+      %a2, %b2 = scf.if %hint_ld -> (vector<${V}x${T}>, vector<${V}x${T}>) {
+        %x_base = memref.extract_aligned_pointer_as_index %x_arg : memref<${N}x${T}> -> index
+        %dy_base = memref.extract_aligned_pointer_as_index %dy_arg : memref<${N}x${T}> -> index
+        %xe0 = arith.muli %row, %x_stride : index
+        %xe = arith.addi %xe0, %col : index
+        %dye0 = arith.muli %row, %dy_stride : index
+        %dye = arith.addi %dye0, %col : index
+        %a1 = func.call @normir_ld_hint(%x_base, %xe, %policy) : (index, index, i64) -> vector<${V}x${T}>
+        %b1 = func.call @normir_ld_hint(%dy_base, %dye, %policy) : (index, index, i64) -> vector<${V}x${T}>
+        scf.yield %a1, %b1 : vector<${V}x${T}>, vector<${V}x${T}>
+      } else {
+        %a1 = vector.load %x[%row, %col] {alignment = ${ALIGN}} : memref<?x${N}x${T}, strided<[?, 1]>>, vector<${V}x${T}>
+        %b1 = vector.load %dy[%row, %col] {alignment = ${ALIGN}} : memref<?x${N}x${T}, strided<[?, 1]>>, vector<${V}x${T}>
+        scf.yield %a1, %b1 : vector<${V}x${T}>, vector<${V}x${T}>
+      }
+      scf.yield %a2, %b2 : vector<${V}x${T}>, vector<${V}x${T}>
     }
     return %a, %b : vector<${V}x${T}>, vector<${V}x${T}>
   }

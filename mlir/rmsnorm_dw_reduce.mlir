@@ -11,7 +11,7 @@ gpu.module @normir [${TARGET}] {
                               %dw_arg: memref<${N}x${WT}> {llvm.noalias, llvm.writeonly},
                               %parts: index)
       workgroup(%sums: memref<${RT}x${CT}x${V}xf32, #gpu.address_space<workgroup>>)
-      kernel attributes {known_block_size = array<i32: ${BLOCK}, 1, 1>} {
+      kernel attributes {known_block_size = array<i32: ${BLOCK}, 1, 1>${KERNEL_ATTRS}} {
     %c0 = arith.constant 0 : index
     %ct = arith.constant ${CT} : index
     %rt = arith.constant ${RT} : index

@@ -32,6 +32,7 @@ gpu.module @normir [${TARGET}] {
 // normir:splice ${LATE_EXT_PIECE}
 // normir:splice ${CLUSTER_PIECE}
 // normir:splice ${STAGE_PIECE}
+// normir:splice ${HINT_PIECE}
 
   gpu.func @rmsnorm_fwd(%x_arg: memref<${N}x${T}> {llvm.noalias, llvm.readonly},
                         %w_arg: memref<${N}x${WT}> {llvm.noalias, llvm.readonly},
@@ -42,7 +43,7 @@ gpu.module @normir [${TARGET}] {
                 %xch: memref<2xf32, #gpu.address_space<workgroup>>)
       private(%xbuf: memref<${K}x${V}x${T}, #gpu.address_space<private>>,
               %wbuf: memref<${K}x${V}x${WT}, #gpu.address_space<private>>)
-      kernel attributes {known_block_size = array<i32: ${BLOCK}, 1, 1>} {
+      kernel attributes {known_block_size = array<i32: ${BLOCK}, 1, 1>${KERNEL_ATTRS}} {
     %c0 = arith.constant 0 : index
     %c1 = arith.constant 1 : index
     %c2 = arith.constant 2 : index
@@ -55,6 +56,9 @@ gpu.module @normir [${TARGET}] {
     %cache_row = arith.constant ${CACHE_ROW}
     %prefetch_w = arith.constant ${PREFETCH_W}
     %stage_on = arith.constant ${STAGE}
+    %eb = arith.constant ${EB} : index
+    %hint_ld = arith.constant ${HINT_LD}
+    %hint_st = arith.constant ${HINT_ST}
     %eps = arith.constant ${EPS} : f32
     %inv_n = arith.constant ${INV_N} : f32
     %zero_f = arith.constant 0.0 : f32
@@ -81,6 +85,13 @@ gpu.module @normir [${TARGET}] {
     %y = memref.reinterpret_cast %y_arg to offset: [0], sizes: [%rows, ${N}], strides: [%y_stride, 1]
         : memref<${N}x${T}> to memref<?x${N}x${T}, strided<[?, 1]>>
     %x_base = memref.extract_aligned_pointer_as_index %x_arg : memref<${N}x${T}> -> index
+    %y_base = memref.extract_aligned_pointer_as_index %y_arg : memref<${N}x${T}> -> index
+    // HINT_LD: x's last read asks L2 to evict it first; a first read that pass 2 repeats (no
+    // CACHE_ROW) asks it to keep the line. HINT_ST: y's lines leave L2 first.
+    %pol_first = func.call @normir_policy_first() : () -> i64
+    %pol_last = func.call @normir_policy_last() : () -> i64
+    %pol_store = func.call @normir_policy_store() : () -> i64
+    %pol_pass1 = arith.select %cache_row, %pol_first, %pol_last : i64
     // STAGE buffer (dynamic shared memory): [k][thread] -> one 16-byte chunk of the next row.
     %stage_base = func.call @normir_stage_base() : () -> index
     scf.if %stage_on {
@@ -124,7 +135,15 @@ gpu.module @normir [${TARGET}] {
               %s = func.call @normir_stage_load(%at) : (index) -> vector<${V}x${T}>
               scf.yield %s : vector<${V}x${T}>
             } else {
-              %m = vector.load %x[%row, %col] {alignment = ${ALIGN}} : memref<?x${N}x${T}, strided<[?, 1]>>, vector<${V}x${T}>
+              %m = scf.if %hint_ld -> (vector<${V}x${T}>) {
+                %e0 = arith.muli %row, %x_stride : index
+                %e = arith.addi %e0, %col : index
+                %h = func.call @normir_ld_hint(%x_base, %e, %pol_pass1) : (index, index, i64) -> vector<${V}x${T}>
+                scf.yield %h : vector<${V}x${T}>
+              } else {
+                %l = vector.load %x[%row, %col] {alignment = ${ALIGN}} : memref<?x${N}x${T}, strided<[?, 1]>>, vector<${V}x${T}>
+                scf.yield %l : vector<${V}x${T}>
+              }
               scf.yield %m : vector<${V}x${T}>
             }
             scf.yield %v : vector<${V}x${T}>
@@ -191,7 +210,15 @@ gpu.module @normir [${TARGET}] {
               %v = vector.load %xbuf[%k, %c0] : memref<${K}x${V}x${T}, #gpu.address_space<private>>, vector<${V}x${T}>
               scf.yield %v : vector<${V}x${T}>
             } else {
-              %v = vector.load %x[%row, %col] {alignment = ${ALIGN}} : memref<?x${N}x${T}, strided<[?, 1]>>, vector<${V}x${T}>
+              %v = scf.if %hint_ld -> (vector<${V}x${T}>) {
+                %e0 = arith.muli %row, %x_stride : index
+                %e = arith.addi %e0, %col : index
+                %h = func.call @normir_ld_hint(%x_base, %e, %pol_first) : (index, index, i64) -> vector<${V}x${T}>
+                scf.yield %h : vector<${V}x${T}>
+              } else {
+                %l = vector.load %x[%row, %col] {alignment = ${ALIGN}} : memref<?x${N}x${T}, strided<[?, 1]>>, vector<${V}x${T}>
+                scf.yield %l : vector<${V}x${T}>
+              }
               scf.yield %v : vector<${V}x${T}>
             }
             %xf = func.call @normir_late_ext(%xv) : (vector<${V}x${T}>) -> vector<${V}xf32>
@@ -211,7 +238,13 @@ gpu.module @normir [${TARGET}] {
               scf.yield %xn : vector<${V}xf32>
             }
             %yv = ${TRUNC_T} %yf : vector<${V}xf32> to vector<${V}x${T}>
-            vector.store %yv, %y[%row, %col] {alignment = ${ALIGN}} : memref<?x${N}x${T}, strided<[?, 1]>>, vector<${V}x${T}>
+            scf.if %hint_st {
+              %e0 = arith.muli %row, %y_stride : index
+              %e = arith.addi %e0, %col : index
+              func.call @normir_st_hint(%y_base, %e, %yv, %pol_store) : (index, index, vector<${V}x${T}>, i64) -> ()
+            } else {
+              vector.store %yv, %y[%row, %col] {alignment = ${ALIGN}} : memref<?x${N}x${T}, strided<[?, 1]>>, vector<${V}x${T}>
+            }
           }
         }
         func.call @normir_cluster_wait() : () -> ()

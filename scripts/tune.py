@@ -15,21 +15,25 @@ import os
 import sys
 
 VARIANTS = {  # (op, N, dtype): layouts to compare, as NORMIR_TPR values ("0": the policy's)
-    ("fwd", 8192, "bf16"): ("0", "0s1"),
-    ("fwd", 16384, "bf16"): ("0", "0s0"),
-    ("fwd", 32768, "bf16"): ("0", "0s0"),
-    ("fwd", 65536, "bf16"): ("0", "0s0"),
-    ("fwd", 65536, "f32"): ("0", "0s1"),
-    ("bwd", 2880, "bf16"): ("0", "0s1"),
-    ("bwd", 7168, "bf16"): ("0", "0s0"),
-    ("bwd", 16384, "bf16"): ("0", "0s0"),
-    ("bwd", 32768, "bf16"): ("0", "0s1", "1024x2"),
-    ("bwd", 65536, "bf16"): ("0", "0s1"),
+    ("fwd", 1024, "bf16"): ("0", "0h8"),
+    ("fwd", 4096, "bf16"): ("0", "0h8"),
+    ("fwd", 8192, "bf16"): ("0", "0h8"),
+    ("fwd", 32768, "bf16"): ("0", "0h2", "0h8"),
+    ("fwd", 65536, "bf16"): ("0", "0h2", "0h8", "0h10"),
+    ("bwd", 1024, "bf16"): ("0", "0h3"),
+    ("bwd", 2048, "bf16"): ("0", "0h3"),
+    ("bwd", 2880, "bf16"): ("0", "0h2", "0h3", "0h7"),
+    ("bwd", 4096, "bf16"): ("0", "0h3", "0h7"),
+    ("bwd", 7168, "bf16"): ("0", "0s0h3", "0s0h7"),
+    ("bwd", 8192, "bf16"): ("0", "0s0h3", "0s0h7"),
+    ("bwd", 16384, "bf16"): ("0", "0s0h3", "0s0h7"),
+    ("bwd", 32768, "bf16"): ("0", "0h2", "0h3", "0h7"),
+    ("bwd", 65536, "bf16"): ("0", "0h2", "0h3", "0h7"),
 }
 KERNEL = {"fwd": "rmsnorm_fwd", "bwd": "rmsnorm_bwd"}
 
 
-def _parse(variant: str) -> tuple[int, int, int, int]:
+def _parse(variant: str) -> dict[str, int]:
     from normir.launch import tpr_overrides
 
     os.environ["NORMIR_TPR"] = f"k:1={variant}"
@@ -46,18 +50,24 @@ def plan() -> list[dict]:
     out = []
     for (op, n, dt), variants in VARIANTS.items():
         for variant in variants:
-            tpr, cluster, l2, stage = _parse(variant)
+            knobs = _parse(variant)
             vec = max_vec(n, DTYPES[dt])
-            fwd = dict(kernel="rmsnorm_fwd", n=n, dtype=dt, wdtype=dt, eps=1e-6, target="sm_90",
-                       vec=vec, tpr=tpr, cluster=cluster, l2_prefetch=l2 if op == "bwd" else -1, stage=stage)
+            fwd = dict(kernel="rmsnorm_fwd", n=n, dtype=dt, wdtype=dt, eps=1e-6, target="sm_90", vec=vec)
             if op == "fwd":
-                out += [{**fwd, "store_rstd": False}, {**fwd, "store_rstd": True}]
+                out += [{**fwd, **knobs, "store_rstd": False}, {**fwd, **knobs, "store_rstd": True}]
             else:
                 bwd = dict(kernel="rmsnorm_bwd", n=n, dtype=dt, wdtype=dt, eps=BWD_KEY_EPS,
-                           target="sm_90", vec=vec, tpr=tpr, cluster=cluster, l2_prefetch=l2, stage=stage)
+                           target="sm_90", vec=vec, **knobs)
                 out += [bwd, {**bwd, "has_weight": False}]
-                out.append({**fwd, "store_rstd": True, "tpr": 0, "cluster": 0, "l2_prefetch": -1, "stage": -1})
+                out.append({**fwd, "store_rstd": True})
     return out
+
+
+def _outputs(normir, op: str, x, w, dy) -> tuple:
+    if op == "fwd":
+        return (normir.rmsnorm_fwd(x, w, 1e-6)[0],)
+    _, rstd = normir.rmsnorm_fwd(x, w, 1e-6, store_rstd=True)
+    return normir.rmsnorm_bwd(x, w, dy, rstd)
 
 
 def run() -> None:
@@ -77,6 +87,12 @@ def run() -> None:
         dy = torch.randn_like(x)
         seen: dict[str, list[float]] = {}
         labels: dict[str, str] = {}
+        # Each variant's outputs against the policy's: "=" bit-identical, else the largest difference
+        # (a different reduction order may change the last bits; a broken variant shows here).
+        os.environ["NORMIR_TPR"] = ""
+        launch.clear_handles()
+        ref = _outputs(normir, op, x, w, dy)
+        diffs: dict[str, str] = {}
         # Two rounds, the second in reverse order, so that neither order nor drift favours a variant.
         for order in (list(variants), list(reversed(variants))):
             for variant in order:
@@ -87,10 +103,13 @@ def run() -> None:
                     timed = {"": lambda x=x, w=w: normir.rmsnorm_fwd(x, w, 1e-6)}
                 else:
                     timed = {"": lambda x=x, w=w, dy=dy, rstd=rstd: normir.rmsnorm_bwd(x, w, dy, rstd)}
-                    if variant == "0":
-                        timed["no-w"] = lambda x=x, dy=dy, rstd=rstd: normir.rmsnorm_bwd(x, None, dy, rstd)
+                    timed["no-w"] = lambda x=x, dy=dy, rstd=rstd: normir.rmsnorm_bwd(x, None, dy, rstd)
                 nbytes = (2 if op == "fwd" else 3) * m * n * x.element_size()
                 h, lay = launch.handle(KERNEL[op], 0, n, dt, dt, 1e-6, True, False, 16 // x.element_size())
+                got = _outputs(normir, op, x, w, dy)
+                same = all(torch.equal(a, b) for a, b in zip(got, ref))
+                diffs[variant] = "=" if same else "max diff " + "/".join(
+                    f"{(a.float() - b.float()).abs().max().item():.2g}" for a, b in zip(got, ref))
                 for tag, fn in timed.items():
                     ms = do_bench(fn, warmup=25, rep=100, return_mode="median")
                     seen.setdefault(variant + tag, []).append(nbytes / ms / 1e6)
@@ -102,6 +121,7 @@ def run() -> None:
                                         cluster=lay.cluster, l2_prefetch=lay.l2_prefetch, stage=lay.stage,
                                         k=lay.k, us=ms * 1e3, gbs=nbytes / ms / 1e6))
         row = [f"{v}{labels[v]} {'/'.join(f'{g:.0f}' for g in gs)}" for v, gs in seen.items()]
+        row.append("outputs vs policy: " + ", ".join(f"{v} {d}" for v, d in diffs.items()))
         print(f"{op} {dt} {m}x{n}: " + " | ".join(row), flush=True)
     os.environ["NORMIR_TPR"] = ""
     out = os.environ.get("OUT", ".")

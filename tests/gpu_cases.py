@@ -30,19 +30,31 @@ FORCED_CASES = (
     (7168, "bf16", {}, {"stage": 0}),  # backward re-read with the L2 prefetch
     (32768, "bf16", {"stage": 1}, {"stage": 1}),  # forward persistent, staged; backward staged, 2-block clusters
     (65536, "bf16", {"stage": 1}, {"l2_prefetch": 0}),  # forward staged (8 chunks); backward without prefetch
-    (4096, "bf16", {"stage": 1}, {}),  # forward persistent and staged at 4 chunks per thread
+    (4096, "bf16", {"stage": 1, "hints": 15}, {"hints": 15}),  # forward persistent, staged at 4 chunks
+    # per thread (with every L2 hint, as scripts/sanitize.py forces it); backward with every hint
     (65536, "f32", {"stage": 1}, {}),  # forward staged and split over a 2-block cluster
+    # L2 eviction hints (15: every bit, so also coherent loads and the evict_last first reads):
+    (2880, "bf16", {"hints": 15}, {"hints": 15}),  # forward row in registers; backward re-read
+    (32768, "bf16", {"hints": 3}, {"hints": 15}),  # backward over 2-block clusters
+    (8192, "bf16", {"hints": 2, "min_blocks": 4}, {"hints": 2}),  # backward staged: dx stores only
+    (16384, "bf16", {}, {"stage": 1, "hints": 0}),  # the backward's former default (staged, no hints)
+    (262144, "bf16", {"cluster": 1, "hints": 15}, {"hints": 3}),  # forward re-read: pass 1 keeps the row
 )
 
 
 def tpr_value(layout: dict) -> str:
-    """A forced layout as a NORMIR_TPR value: TPR[xCLUSTER][pN][sN]."""
+    """A forced layout as a NORMIR_TPR value: TPR[xCLUSTER][pN][sN][mN][hN]."""
     out = f"{layout.get('tpr', 0)}x{layout.get('cluster', 0)}"
     if layout.get("l2_prefetch", -1) >= 0:
         out += f"p{layout['l2_prefetch']}"
     if layout.get("stage", -1) >= 0:
         out += f"s{layout['stage']}"
+    if layout.get("min_blocks", 0):
+        out += f"m{layout['min_blocks']}"
+    if layout.get("hints", -1) >= 0:
+        out += f"h{layout['hints']}"
     return out
+
 BENCH_N = (1024, 2048, 2880, 4096, 7168, 8192, 16384, 32768, 65536)
 PROFILE_N = 4096  # scripts/host_profile.py
 

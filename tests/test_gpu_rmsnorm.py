@@ -216,16 +216,16 @@ def test_rows_split_over_a_cluster(monkeypatch, n, cluster, dt):
 
 @pytest.mark.parametrize("n,dt,fwd,bwd", FORCED_CASES)
 def test_forced_layouts(monkeypatch, n, dt, fwd, bwd):
-    # Staging and prefetching forced against the policy: the other paths of each kernel.
+    # Staging, prefetching, clusters, register caps and L2 hints forced against the policy: the
+    # other paths of each kernel.
     monkeypatch.setenv("NORMIR_TPR", f"rmsnorm_fwd:{n}={tpr_value(fwd)},rmsnorm_bwd:{n}={tpr_value(bwd)}")
     launch.clear_handles()
     try:
         vec = max_vec(n, DTYPES[dt])
         for kernel, forced in (("rmsnorm_fwd", fwd), ("rmsnorm_bwd", bwd)):
             _, lay = launch.handle(kernel, 0, n, dt, dt, 1e-6, True, kernel == "rmsnorm_fwd", vec)
-            for name in ("stage", "l2_prefetch"):
-                if name in forced:
-                    assert getattr(lay, name) == bool(forced[name])
+            for name, value in forced.items():
+                assert getattr(lay, name) == (bool(value) if name in ("stage", "l2_prefetch") else value)
         x = make((1000, n), TORCH[dt])
         w = make((n,), TORCH[dt]) + 1
         check_fwd(x, w, 1e-6)

@@ -11,7 +11,7 @@ import pytest
 from normir import specialize as S
 from normir import targets
 from normir.kernels import KERNELS
-from normir.specialize import MAX_N, Options, SpecializationError
+from normir.specialize import HINT_LAST_READ, HINT_STORES, MAX_N, Options, SpecializationError
 
 pytestmark = pytest.mark.cpu
 
@@ -110,16 +110,17 @@ def test_key_string_is_stable_text():
     o = Options(kernel="rmsnorm_fwd", n=4096)
     assert o.key_string() == (
         "kernel='rmsnorm_fwd';n=4096;dtype='bf16';wdtype='bf16';eps=9.999999974752427e-07;target='sm_90';"
-        "has_weight=True;store_rstd=False;vec=8;atomic_dw=False;tpr=0;cluster=0;l2_prefetch=-1;stage=-1"
+        "has_weight=True;store_rstd=False;vec=8;atomic_dw=False;tpr=0;cluster=0;l2_prefetch=-1;stage=-1;"
+        "min_blocks=0;hints=-1"
     )
     assert o.digest() == hashlib.sha256(o.key_string().encode()).hexdigest()
-    assert o.digest() == "4e17c19c60c5e6495670f1b7199258af674008da23e256b94b9c4dc516d089dc"
+    assert o.digest() == "5265d8071930ba709c59ff995a7a10372f8c2a69b304d017be48611ebb71c573"
     assert "layout" not in o.key_string()
 
 
 _ALTERNATIVES = dict(kernel="rmsnorm_bwd", n=2048, dtype="f16", wdtype="f32", eps=1e-5, target="gfx950",
                      has_weight=False, store_rstd=True, vec=4, atomic_dw=True, tpr=256, cluster=2,
-                     l2_prefetch=0, stage=0)
+                     l2_prefetch=0, stage=0, min_blocks=2, hints=0)
 
 
 def test_alternatives_cover_every_key_field():
@@ -348,18 +349,59 @@ def test_l2_prefetch_policy():
         Options(kernel="rmsnorm_fwd", n=8192, l2_prefetch=2)
 
 
+def test_hint_policy():
+    # The backward's rows that pass 2 reads again (not staged, not split over a cluster) get
+    # last-read and store hints; the forward's 1024-thread rows store hints; nothing else.
+    def hints(kernel="rmsnorm_bwd", **kw):
+        return Options(kernel=kernel, **{"n": 4096, **kw}).layout.hints
+
+    assert hints() == hints(n=2880) == hints(n=16384) == HINT_LAST_READ | HINT_STORES == 3
+    assert hints(n=8192) == 0  # staged
+    assert hints(n=32768) == 0  # a cluster
+    assert hints(n=2048) == 0  # held in registers
+    assert hints(n=16384, stage=1) == 0
+    assert hints("rmsnorm_fwd", n=65536) == HINT_STORES
+    assert hints("rmsnorm_fwd", n=65536, dtype="f32", wdtype="f32") == 0  # a cluster of two blocks
+    assert hints("rmsnorm_fwd", n=32768) == hints("rmsnorm_fwd") == 0
+    assert hints(target="gfx950") == hints(vec=4) == hints(n=4095) == 0  # no hints there
+    assert hints(hints=0) == 0 and hints(n=8192, hints=15) == 15
+    with pytest.raises(ValueError, match=r"^hints=3: rmsnorm_bwd on gfx950 has no L2 eviction hints for 16-byte"):
+        Options(kernel="rmsnorm_bwd", n=4096, target="gfx950", hints=3)
+    with pytest.raises(ValueError, match=r"^hints=1: rmsnorm_fwd on sm_90 has no L2 eviction hints for 8-byte"):
+        Options(kernel="rmsnorm_fwd", n=4096, vec=4, hints=1)
+    for bad in (16, -2, True, 1.0):
+        with pytest.raises(ValueError, match=r"^hints=.* choose -1 \(the policy's\), 0 \(none\), or a sum of"):
+            Options(kernel="rmsnorm_fwd", n=4096, hints=bad)
+    with pytest.raises(ValueError, match=r"^hints=1: rmsnorm_dw_reduce on sm_90 has no L2 eviction hints"):
+        Options(kernel="rmsnorm_dw_reduce", n=4096, dtype="f32", hints=1)
+
+
+def test_min_blocks():
+    assert Options(kernel="rmsnorm_bwd", n=4096, min_blocks=2).layout.min_blocks == 2
+    assert Options(kernel="rmsnorm_bwd", n=4096).layout.min_blocks == 0
+    with pytest.raises(ValueError, match=r"^min_blocks=2: gfx950 has no blocks-per-multiprocessor bound"):
+        Options(kernel="rmsnorm_bwd", n=4096, target="gfx950", min_blocks=2)
+    for bad in (-1, 33, True):
+        with pytest.raises(ValueError, match=r"^min_blocks=.* must be an int from 0"):
+            Options(kernel="rmsnorm_bwd", n=4096, min_blocks=bad)
+
+
 def test_stage_policy():
     # Backward rows re-read in pass 2 are staged through shared memory on NVIDIA targets when
     # the chunks are 16 bytes; the buffers' size is the launch's dynamic shared memory.
-    lay = Options(kernel="rmsnorm_bwd", n=16384).layout
-    assert lay.stage and not lay.l2_prefetch and lay.smem_bytes == 4 * lay.k * lay.block * 16 == 131072
+    lay = Options(kernel="rmsnorm_bwd", n=8192).layout
+    assert lay.stage and not lay.l2_prefetch and lay.smem_bytes == 4 * lay.k * lay.block * 16 == 65536
+    # One block's buffers past STAGE_POLICY_BYTES (N=16384: 128 KB): prefetch and hints instead,
+    # unless forced.
+    assert not Options(kernel="rmsnorm_bwd", n=16384).layout.stage
+    assert Options(kernel="rmsnorm_bwd", n=16384, stage=1).layout.smem_bytes == 131072
     assert not Options(kernel="rmsnorm_bwd", n=2880).layout.stage  # two chunks per thread
     assert not Options(kernel="rmsnorm_bwd", n=32768).layout.stage  # split over a cluster
     assert Options(kernel="rmsnorm_bwd", n=32768, stage=1).layout.stage
     assert Options(kernel="rmsnorm_bwd", n=16384, stage=0).layout.l2_prefetch  # the fallback prefetches
     assert not Options(kernel="rmsnorm_bwd", n=1024).layout.stage  # held in registers
-    assert not Options(kernel="rmsnorm_bwd", n=16384, vec=4).layout.stage  # 8-byte chunks
-    assert not Options(kernel="rmsnorm_bwd", n=16384, target="gfx950").layout.stage
+    assert not Options(kernel="rmsnorm_bwd", n=8192, vec=4).layout.stage  # 8-byte chunks
+    assert not Options(kernel="rmsnorm_bwd", n=8192, target="gfx950").layout.stage
     # The forward stages its persistent grid's next row (one buffer) only when forced.
     assert not Options(kernel="rmsnorm_fwd", n=16384).layout.stage
     fwd = Options(kernel="rmsnorm_fwd", n=16384, stage=1).layout

@@ -1,0 +1,52 @@
+  // normir common piece: cache_hint for NVVM targets (sm_80+). 16-byte global loads and stores
+  // that carry an L2 eviction policy (createpolicy + .L2::cache_hint), from the layout's hint
+  // bits: a row's last read (policy_first: ${POLICY_LAST_READ}), a first read that pass 2 repeats
+  // (policy_last: ${POLICY_KEEP}), stores (policy_store: evict_first); loads through
+  // ld.global${LD_NC}. No MLIR op carries these qualifiers, hence inline PTX. Used only where a
+  // chunk is one 16-byte vector (V * EB = 16).
+  func.func private @normir_policy_first() -> i64 attributes {llvm.linkage = #llvm.linkage<internal>} {
+    %p = llvm.inline_asm "createpolicy.fractional.L2::${POLICY_LAST_READ}.b64 $0, 1.0;", "=l" : () -> i64
+    return %p : i64
+  }
+  func.func private @normir_policy_last() -> i64 attributes {llvm.linkage = #llvm.linkage<internal>} {
+    %p = llvm.inline_asm "createpolicy.fractional.L2::${POLICY_KEEP}.b64 $0, 1.0;", "=l" : () -> i64
+    return %p : i64
+  }
+  func.func private @normir_policy_store() -> i64 attributes {llvm.linkage = #llvm.linkage<internal>} {
+    %p = llvm.inline_asm "createpolicy.fractional.L2::evict_first.b64 $0, 1.0;", "=l" : () -> i64
+    return %p : i64
+  }
+  // base + elem * EB, read through the non-coherent path (the tensors are read-only here).
+  func.func private @normir_ld_hint(%base: index, %elem: index, %policy: i64) -> vector<${V}x${T}>
+      attributes {llvm.linkage = #llvm.linkage<internal>} {
+    %eb = arith.constant ${EB} : index
+    %byte = arith.muli %elem, %eb : index
+    %addr = arith.addi %base, %byte : index
+    %addr_i64 = arith.index_cast %addr : index to i64
+    %ptr = llvm.inttoptr %addr_i64 : i64 to !llvm.ptr<1>
+    %s = llvm.inline_asm "ld.global${LD_NC}.L2::cache_hint.v4.b32 {$0, $1, $2, $3}, [$4], $5;", "=r,=r,=r,=r,l,l"
+        %ptr, %policy : (!llvm.ptr<1>, i64) -> !llvm.struct<(i32, i32, i32, i32)>
+    %e0 = llvm.extractvalue %s[0] : !llvm.struct<(i32, i32, i32, i32)>
+    %e1 = llvm.extractvalue %s[1] : !llvm.struct<(i32, i32, i32, i32)>
+    %e2 = llvm.extractvalue %s[2] : !llvm.struct<(i32, i32, i32, i32)>
+    %e3 = llvm.extractvalue %s[3] : !llvm.struct<(i32, i32, i32, i32)>
+    %words = vector.from_elements %e0, %e1, %e2, %e3 : vector<4xi32>
+    %v = vector.bitcast %words : vector<4xi32> to vector<${V}x${T}>
+    return %v : vector<${V}x${T}>
+  }
+  func.func private @normir_st_hint(%base: index, %elem: index, %v: vector<${V}x${T}>, %policy: i64)
+      attributes {llvm.linkage = #llvm.linkage<internal>} {
+    %eb = arith.constant ${EB} : index
+    %byte = arith.muli %elem, %eb : index
+    %addr = arith.addi %base, %byte : index
+    %addr_i64 = arith.index_cast %addr : index to i64
+    %ptr = llvm.inttoptr %addr_i64 : i64 to !llvm.ptr<1>
+    %words = vector.bitcast %v : vector<${V}x${T}> to vector<4xi32>
+    %e0 = vector.extract %words[0] : i32 from vector<4xi32>
+    %e1 = vector.extract %words[1] : i32 from vector<4xi32>
+    %e2 = vector.extract %words[2] : i32 from vector<4xi32>
+    %e3 = vector.extract %words[3] : i32 from vector<4xi32>
+    llvm.inline_asm has_side_effects "st.global.L2::cache_hint.v4.b32 [$0], {$1, $2, $3, $4}, $5;", "l,r,r,r,r,l"
+        %ptr, %e0, %e1, %e2, %e3, %policy : (!llvm.ptr<1>, i32, i32, i32, i32, i64) -> ()
+    return
+  }
