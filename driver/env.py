@@ -41,8 +41,9 @@ NO_COMPILE = EnvVar(
 TPR = EnvVar(
     "NORMIR_TPR", "",
     "tuning: threads per row, optionally blocks per row (a cluster) after an x, the L2 prefetch "
-    "(p1 on, p0 off) and shared-memory staging (s1, s0), for given kernels and N, e.g. "
-    "'rmsnorm_fwd:65536=512x2p0,rmsnorm_bwd:16384=512s1' (0 keeps the policy's)",
+    "(p1 on, p0 off), shared-memory staging (s1, s0), blocks per multiprocessor the registers must "
+    "allow (m2), L2 eviction hints (h0-h15, see Options.hints) and a narrower vector (v4: elements), "
+    "for given kernels and N, e.g. 'rmsnorm_fwd:65536=512x2p0,rmsnorm_bwd:16384=512s1h3' (0 keeps the policy's)",
 )
 TARGET = EnvVar("NORMIR_TARGET", "", "override the target chip picked from the torch device (e.g. sm_90)")
 

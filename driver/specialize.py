@@ -226,16 +226,18 @@ def _hint_policy(kernel: str, lay: Layout) -> int:
     and *tune-v11*, each variant timed twice in opposite orders):
 
     - backward rows that pass 2 reads again (from L2), neither staged nor split over a cluster:
-      last reads and dx stores evict first (+3-4% at N=2880/4096, +9% at 16384); with clusters
-      (32768, 65536) that lost 1-6%, on rows held in registers (1024, 2048) 4%, and keeping pass
-      1's lines (evict_last) added nothing;
-    - forward rows of one 1024-thread block (N=65536 in bf16): y stores evict first (+0.6% and
-      +1.5%); shorter rows lost about 1% with it, and every load hint lost 1-9%.
+      last reads and dx stores evict first (+3-4% at N=2880/4096, +9% at 16384); on rows held in
+      registers (1024, 2048) that lost 4%, and keeping pass 1's lines (evict_last) added nothing;
+    - backward rows split over a cluster (32768, 65536): dx stores only (+1.3/+2.2% and +0.2/
+      +0.3% in two runs, docs/results/*tune-v14*); the load hints lost 1-6% there;
+    - the forward: none. Load hints lost 1-9%; store hints lost about 1% on most rows and gained
+      0.3-1.5% at N=65536 in bf16, where 8-byte chunks (see row_layout) gained more.
     """
     if kernel == "rmsnorm_bwd":
-        rereads = not lay.cache_row and not lay.stage and lay.cluster == 1
-        return HINT_LAST_READ | HINT_STORES if rereads else 0
-    return HINT_STORES if lay.block == MAX_THREADS and lay.cluster == 1 else 0
+        if lay.cache_row or lay.stage:
+            return 0
+        return HINT_STORES if lay.cluster > 1 else HINT_LAST_READ | HINT_STORES
+    return 0
 
 
 def reduce_layout(n: int, vec: int, warp: int) -> Layout:
@@ -251,15 +253,23 @@ def held(dtype: str) -> int:
 
 
 def row_layout(n: int, vec: int, held_bytes: int, tgt: targets.Target, tpr: int = 0, w_bytes: int = 2,
-               cluster: int = 0) -> Layout:
+               cluster: int = 0, narrow: bool = False) -> Layout:
     """The forward's layout: rows that do not fit one block's registers are split over a
     thread-block cluster where the target has clusters, until a block's share does. Rows that
     fit stay in one block: on the H200, N=65536 in bf16 ran at 3886 GB/s in one block of 1024
     threads and at 2918 split over two blocks (docs/results/*tune*): the cluster barrier per
-    row costs more than the smaller blocks gain. See _row_block_layout for a block's share."""
+    row costs more than the smaller blocks gain. See _row_block_layout for a block's share.
+
+    narrow (the caller's policy may allow it): a row that fills a 1024-thread block with 8
+    chunks of 16 bytes per thread on NVIDIA (N=65536 in 16-bit types) takes 16 chunks of 8
+    bytes instead: +1.1% and +1.2% in two H200 runs (docs/results/*tune-v14*, *tune-v15*)."""
     c = _split(n, vec, tgt, cluster, tpr,
                lambda c: not _row_block_layout(n // c, vec, held_bytes, tgt, tpr, w_bytes).cache_row)
-    return _clustered(_row_block_layout(n // c, vec, held_bytes, tgt, tpr, w_bytes), c)
+    lay = _clustered(_row_block_layout(n // c, vec, held_bytes, tgt, tpr, w_bytes), c)
+    if narrow and tgt.is_nvidia and not tpr and lay.cluster == 1 and lay.block == MAX_THREADS \
+            and lay.k == lay.kfull == 8 and lay.cache_row and vec * held_bytes == MAX_VECTOR_BYTES:
+        lay = _row_block_layout(n, vec // 2, held_bytes, tgt, MAX_THREADS, w_bytes)
+    return lay
 
 
 def _row_block_layout(n: int, vec: int, held_bytes: int, tgt: targets.Target, tpr: int = 0, w_bytes: int = 2) -> Layout:
@@ -268,7 +278,9 @@ def _row_block_layout(n: int, vec: int, held_bytes: int, tgt: targets.Target, tp
     Rows of at most 4 chunks per lane of one warp share a block (several rows per block, no
     barrier in the reduction); longer rows get one block of up to 1024 threads with 4 (8 past
     1024 chunks) 16-byte chunks per thread: on the H200, 256 threads x 8 chunks beat 512 x 4 at
-    N=16384, and 512 x 8 beat 1024 x 4 at N=32768 (docs/results/*tune*).
+    N=16384, and 512 x 8 beat 1024 x 4 at N=32768 (docs/results/*tune*). On NVIDIA a row of
+    exactly 4 chunks per lane of a warp (N=1024 in 16-bit types) gets its own block of two warps
+    with 2 chunks each: +1.5-1.9% over 8 rows per block in three H200 runs (*tune-v2*, *-v3*, *-v15*).
     The row stays in registers (as fp32, as the compiler keeps it) when it fits the target's
     register budget for the block; else the second pass reads it again (mostly from L2).
     """
@@ -276,11 +288,11 @@ def _row_block_layout(n: int, vec: int, held_bytes: int, tgt: targets.Target, tp
     nchunk = n // vec
     if tpr:
         tpr, rows = _forced(nchunk, tpr, warp)
-    elif nchunk <= warp * 4:
+    elif nchunk < warp * 4 or (nchunk == warp * 4 and not tgt.is_nvidia):
         tpr = min(warp, _pow2_ceil(math.ceil(nchunk / 4)))
         rows = max(1, ROWS_BLOCK // tpr)
     else:
-        k_target = 4 if nchunk <= 1024 else 8
+        k_target = 2 if nchunk == warp * 4 else 4 if nchunk <= 1024 else 8
         tpr = min(MAX_THREADS, -(-math.ceil(nchunk / k_target) // warp) * warp)
         rows = 1
     k = -(-nchunk // tpr)

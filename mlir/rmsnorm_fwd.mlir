@@ -15,14 +15,16 @@
 // group runs the loop once per block; STAGE launches a persistent grid instead, in which each
 // thread copies its chunks of the block's next row into shared memory (cp.async) while the
 // current row, in registers, is normalized and written (an option: on the H200 it measured
-// 4-11% slower than a block per row, see driver/specialize.py).
+// 4-11% slower than a block per row, see driver/specialize.py). HINT_LD / HINT_ST: x's loads and
+// y's stores carry an L2 eviction policy (16-byte chunks on NVVM targets; options, off by default).
 //
 // Placeholders: N, T (x/y type), WT (weight type), EPS, V, ALIGN, BLOCK, ROWS, TPR, K, KFULL,
 // NCHUNK, CLUSTER, NSUB, EB (bytes per element), STAGE, STAGE_BLOCK_BYTES, HAS_WEIGHT, STORE_RSTD,
-// CACHE_ROW, PREFETCH_W (weight chunks loaded in pass 1), EXT_T/EXT_WT (cast to f32), TRUNC_T
-// (cast from f32), TARGET (gpu.module target attribute), the pieces LATE_EXT_PIECE (pass 2's
-// cast), CLUSTER_PIECE (cross-block sum) and STAGE_PIECE (asynchronous copies), and the
-// placeholders of the spliced common pieces.
+// CACHE_ROW, PREFETCH_W (weight chunks loaded in pass 1), HINT_LD, HINT_ST, EXT_T/EXT_WT (cast
+// to f32), TRUNC_T (cast from f32), TARGET (gpu.module target attribute), KERNEL_ATTRS (extra
+// kernel attributes: a register bound), the pieces LATE_EXT_PIECE (pass 2's cast), CLUSTER_PIECE
+// (cross-block sum), STAGE_PIECE (asynchronous copies) and HINT_PIECE (loads and stores with an
+// L2 policy), and the placeholders of the spliced common pieces.
 // Arguments: x, w, y (bare pointers), rstd (fp32 per row), rows, row strides of x and y
 // (elements), and the grid size in blocks.
 module attributes {gpu.container_module} {

@@ -162,9 +162,9 @@ FWD_CASES = [
     ("sm_90", 7168, "bf16", 8, {"warps"}),  # 896 chunks
     ("sm_90", 4097, "f32", 1, {"warps", "tail"}),  # odd N, multi-warp, vec 1
     ("sm_90", 8192, "f32", 4, {"warps"}),  # f32: 4 elements per 16 bytes
-    ("sm_90", 65536, "bf16", 8, {"warps"}),  # 64 bf16 elements per thread, held packed in registers
+    ("sm_90", 65536, "bf16", 4, {"warps"}),  # 64 bf16 elements per thread, held packed; 8-byte chunks
     ("sm_90", 65536, "f32", 4, {"warps", "cluster"}),  # as fp32 they do not fit: two blocks share a row
-    ("sm_80", 65536, "bf16", 8, {"warps", "stream"}),  # no clusters: 64 elements per thread, over budget
+    ("sm_80", 65536, "bf16", 4, {"warps", "stream"}),  # no clusters: 64 elements per thread, 8-byte chunks
     ("gfx950", 65536, "bf16", 8, {"warps"}),  # gfx950's larger register file
     ("sm_90", MAX_N, "f32", 4, {"warps", "stream", "cluster"}),  # the longest row: over 8 blocks, still streamed
 ]
@@ -350,19 +350,18 @@ def test_l2_prefetch_policy():
 
 
 def test_hint_policy():
-    # The backward's rows that pass 2 reads again (not staged, not split over a cluster) get
-    # last-read and store hints; the forward's 1024-thread rows store hints; nothing else.
+    # The backward's rows that pass 2 reads again (not staged) get last-read and store hints, or
+    # with a cluster store hints; the forward's 1024-thread rows store hints; nothing else.
     def hints(kernel="rmsnorm_bwd", **kw):
         return Options(kernel=kernel, **{"n": 4096, **kw}).layout.hints
 
     assert hints() == hints(n=2880) == hints(n=16384) == HINT_LAST_READ | HINT_STORES == 3
     assert hints(n=8192) == 0  # staged
-    assert hints(n=32768) == 0  # a cluster
+    assert hints(n=32768) == hints(n=65536) == HINT_STORES  # a cluster: stores only
     assert hints(n=2048) == 0  # held in registers
     assert hints(n=16384, stage=1) == 0
-    assert hints("rmsnorm_fwd", n=65536) == HINT_STORES
-    assert hints("rmsnorm_fwd", n=65536, dtype="f32", wdtype="f32") == 0  # a cluster of two blocks
-    assert hints("rmsnorm_fwd", n=32768) == hints("rmsnorm_fwd") == 0
+    assert hints("rmsnorm_fwd", n=65536) == hints("rmsnorm_fwd", n=32768) == hints("rmsnorm_fwd") == 0
+    assert hints("rmsnorm_fwd", n=32768, hints=2) == 2
     assert hints(target="gfx950") == hints(vec=4) == hints(n=4095) == 0  # no hints there
     assert hints(hints=0) == 0 and hints(n=8192, hints=15) == 15
     with pytest.raises(ValueError, match=r"^hints=3: rmsnorm_bwd on gfx950 has no L2 eviction hints for 16-byte"):
@@ -374,6 +373,25 @@ def test_hint_policy():
             Options(kernel="rmsnorm_fwd", n=4096, hints=bad)
     with pytest.raises(ValueError, match=r"^hints=1: rmsnorm_dw_reduce on sm_90 has no L2 eviction hints"):
         Options(kernel="rmsnorm_dw_reduce", n=4096, dtype="f32", hints=1)
+
+
+def test_nvidia_forward_row_shapes():
+    # N=65536 in bf16 fills a 1024-thread block: 16 chunks of 8 bytes per thread rather than 8 of
+    # 16 bytes, unless an option that needs 16-byte chunks (staging, hints) or a layout is forced.
+    lay = Options(kernel="rmsnorm_fwd", n=65536).layout
+    assert (lay.tpr, lay.vec, lay.k, lay.kfull) == (1024, 4, 16, 16) and lay.cache_row
+    for forced in (dict(stage=1), dict(hints=2), dict(tpr=1024)):
+        assert Options(kernel="rmsnorm_fwd", n=65536, **forced).layout.vec == 8
+    assert Options(kernel="rmsnorm_fwd", n=65536, target="gfx950").layout.vec == 8
+    assert Options(kernel="rmsnorm_fwd", n=32768).layout.vec == 8
+    assert Options(kernel="rmsnorm_bwd", n=65536).layout.vec == 8
+    # N=1024 in 16-bit types (exactly 4 chunks per lane of a warp): a block of 2 warps, 2 chunks
+    # each, one row per block; AMDGPU keeps several rows per block there.
+    lay = Options(kernel="rmsnorm_fwd", n=1024).layout
+    assert (lay.tpr, lay.rows, lay.k) == (64, 1, 2)
+    assert Options(kernel="rmsnorm_fwd", n=512).layout.rows == 16
+    amd = Options(kernel="rmsnorm_fwd", n=2048, target="gfx950").layout
+    assert (amd.tpr, amd.rows, amd.k) == (64, 4, 4)
 
 
 def test_min_blocks():
@@ -431,7 +449,7 @@ def test_amd_layouts_that_spilled():
     # Other dtypes and sm_90 keep their layouts.
     assert Options(kernel="rmsnorm_bwd", n=65536, target="gfx950").layout.k == 16
     sm90 = Options(kernel="rmsnorm_fwd", n=65536).layout
-    assert (sm90.block, sm90.k, sm90.cache_row) == (1024, 8, True)
+    assert (sm90.block, sm90.k, sm90.vec, sm90.cache_row) == (1024, 16, 4, True)
     assert Options(kernel="rmsnorm_bwd", n=65536, dtype="f32", wdtype="f32").layout.k < S.AMD_HOIST_K
 
 
