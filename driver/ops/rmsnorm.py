@@ -174,12 +174,8 @@ def rmsnorm_fwd(x: torch.Tensor, weight: torch.Tensor | None = None, eps: float 
             _FWD_SEEN[_fwd_key(x, weight, eps, store_rstd)] = (h, lay.rows, lay.cluster, cap)
         groups = -(-m // lay.rows)
         grid = (min(groups, cap) if cap else groups) * lay.cluster
-        args = (xp, wp, yp, rstd.data_ptr() if rstd is not None else 0, m, xs, n, grid)
-        if _current_device() == dev:
-            h.launch(grid, L.stream(dev), *args)
-        else:
-            with _on_device(dev):
-                h.launch(grid, L.stream(dev), *args)
+        with _on_device(dev):
+            h.launch(grid, L.stream(dev), xp, wp, yp, rstd.data_ptr() if rstd is not None else 0, m, xs, n, grid)
     return y, rstd
 
 
