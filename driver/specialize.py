@@ -75,7 +75,7 @@ class Layout:
     stage: bool = False  # rows staged through shared memory by asynchronous copies (cp.async)
     stage_buffers: int = 0  # STAGE buffers of K x BLOCK 16-byte chunks: 4 backward (2 x x, dy), 1 forward
     min_blocks: int = 0  # blocks that must fit one multiprocessor (caps registers per thread); 0: no cap
-    hints: int = 0  # L2 eviction hints: HINT_LOADS (x, dy reads), HINT_STORES (y, dx writes)
+    hints: int = 0  # cache hints, a sum of the HINT_* bits (loads of x and dy, stores of y and dx)
 
     @property
     def smem_bytes(self) -> int:
@@ -222,8 +222,8 @@ def _staged(kernel: str, lay: Layout, stage: int, tgt: targets.Target, eb: int) 
 
 
 def _hint_policy(kernel: str, lay: Layout) -> int:
-    """The L2 eviction hints a layout gets by default, from H200 measurements (docs/results/*tune-v10*
-    and *tune-v11*, each variant timed twice in opposite orders):
+    """The cache hints a layout gets by default, from H200 measurements (docs/results/*tune-v10*,
+    -v11, -v14 and -v16, each variant timed twice in opposite orders):
 
     - backward rows that pass 2 reads again (from L2), neither staged nor split over a cluster:
       last reads and dx stores evict first (+3-4% at N=2880/4096, +9% at 16384); on rows held in
@@ -262,10 +262,11 @@ def row_layout(n: int, vec: int, held_bytes: int, tgt: targets.Target, tpr: int 
 
     narrow (the caller's policy may allow it): a row that fills a 1024-thread block with 8
     chunks of 16 bytes per thread on NVIDIA (N=65536 in 16-bit types) takes 16 chunks of 8
-    bytes instead: +1.1% and +1.2% in two H200 runs (docs/results/*tune-v14*, *tune-v15*)."""
+    bytes instead: +1.1%, +1.2% and +1.3% in three H200 runs (docs/results/*tune-v14*, -v15, -v16)."""
     c = _split(n, vec, tgt, cluster, tpr,
                lambda c: not _row_block_layout(n // c, vec, held_bytes, tgt, tpr, w_bytes).cache_row)
     lay = _clustered(_row_block_layout(n // c, vec, held_bytes, tgt, tpr, w_bytes), c)
+    # (held_bytes == 2: a 16-bit row held packed, so 16-byte chunks are vec * 2 bytes.)
     if narrow and tgt.is_nvidia and not tpr and lay.cluster == 1 and lay.block == MAX_THREADS \
             and lay.k == lay.kfull == 8 and lay.cache_row and vec * held_bytes == MAX_VECTOR_BYTES:
         lay = _row_block_layout(n, vec // 2, held_bytes, tgt, MAX_THREADS, w_bytes)
@@ -335,8 +336,8 @@ class Options:
     cluster: int = 0  # blocks per row (a thread-block cluster); 0: the layout policy decides
     l2_prefetch: int = -1  # 1/0: prefetch the next row into L2 or not; -1: the layout policy decides
     stage: int = -1  # backward, 1/0: stage x and dy through shared memory or not; -1: the policy's
-    min_blocks: int = 0  # NVVM: blocks per multiprocessor the register allocation must allow; 0: the policy's
-    hints: int = -1  # L2 eviction hints, a sum of HINT_LOADS and HINT_STORES (0: none); -1: the policy's
+    min_blocks: int = 0  # NVVM: blocks per multiprocessor the register allocation must allow; 0: none
+    hints: int = -1  # cache hints, a sum of the HINT_* bits (0: none); -1: the policy's
     layout: Layout = field(init=False, compare=False, repr=False)
 
     def __post_init__(self) -> None:
