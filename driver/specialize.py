@@ -76,6 +76,7 @@ class Layout:
     stage_buffers: int = 0  # STAGE buffers of K x BLOCK 16-byte chunks: 4 backward (2 x x, dy), 1 forward
     min_blocks: int = 0  # blocks that must fit one multiprocessor (caps registers per thread); 0: no cap
     hints: int = 0  # cache hints, a sum of the HINT_* bits (loads of x and dy, stores of y and dx)
+    overlap: int = 0  # backward over a cluster: pass 2's first chunks loaded between the barrier's arrive and wait
 
     @property
     def smem_bytes(self) -> int:
@@ -98,7 +99,7 @@ class Layout:
     @property
     def unroll_limit(self) -> int:
         """Unroll the chunk loops fully only when a private array must become registers."""
-        return targets.UNROLL_LIMIT if (self.cache_row or self.dw_regs or self.prefetch_w) else 0
+        return targets.UNROLL_LIMIT if (self.cache_row or self.dw_regs or self.prefetch_w or self.overlap > 0) else 0
 
 
 def _pow2_ceil(x: int) -> int:
@@ -338,6 +339,7 @@ class Options:
     stage: int = -1  # backward, 1/0: stage x and dy through shared memory or not; -1: the policy's
     min_blocks: int = 0  # NVVM: blocks per multiprocessor the register allocation must allow; 0: none
     hints: int = -1  # cache hints, a sum of the HINT_* bits (0: none); -1: the policy's
+    overlap: int = -1  # backward over a cluster: pass 2's chunks loaded inside the barrier (0: none); -1: the policy's
     layout: Layout = field(init=False, compare=False, repr=False)
 
     def __post_init__(self) -> None:
@@ -403,6 +405,20 @@ class Options:
                              f"{lay.vec * DTYPES[self.dtype]}-byte chunks (they need 16 and an NVVM target); use -1 or 0")
         hints = _hint_policy(self.kernel, lay) if self.hints == -1 and hintable else max(0, self.hints)
         lay = replace(lay, min_blocks=self.min_blocks, hints=hints)
+        if isinstance(self.overlap, bool) or not isinstance(self.overlap, int) or not -1 <= self.overlap <= lay.k:
+            raise ValueError(f"overlap={self.overlap!r}: choose -1 (the policy's), 0 (none) or a chunk count "
+                             f"up to K={lay.k}")
+        overlappable = self.kernel == "rmsnorm_bwd" and lay.cluster > 1 and lay.dw_regs \
+            and not lay.cache_row and not lay.stage
+        if self.overlap > 0 and not overlappable:
+            raise ValueError(f"overlap={self.overlap} needs the backward ({self.kernel}) with rows split over a "
+                             f"cluster (here {lay.cluster} block(s)), dw sums in registers, no staging; use -1 or 0")
+        # The policy: 2 of 4 chunks in blocks of up to 512 threads. On the H200 (docs/results/
+        # *tune-v19*, *-v20*) that gained 7.4% at N=32768 and 6.7% at 65536 (bf16); 1 of 4 gained
+        # 4.6-4.8%; 3 and 4 of 4 spilled (128 registers) and gained less or lost. 1024-thread
+        # blocks (64 registers) spill with it (N=65536 in f32).
+        policy = 2 if overlappable and lay.k == 4 and lay.block <= MAX_THREADS // 2 else 0
+        lay = replace(lay, overlap=policy if self.overlap == -1 else self.overlap)
         object.__setattr__(self, "layout", lay)
 
     def key_string(self) -> str:
@@ -457,6 +473,8 @@ def common_values(opts: Options) -> dict[str, str]:
         "W_ALIGN": str(min(MAX_VECTOR_BYTES, lay.vec * wb)),
         "PART_ALIGN": str(min(MAX_VECTOR_BYTES, lay.vec * 4)),
         "DW_REGS": _bool(lay.dw_regs),
+        "OVERLAP": _bool(lay.overlap > 0),
+        "OVERLAP_K": str(lay.overlap),
         "BLOCK": str(lay.block),
         "ROWS": str(lay.rows),
         "TPR": str(lay.tpr),

@@ -62,6 +62,8 @@ gpu.module @normir [${TARGET}] {
     %rows_per_block = arith.constant ${ROWS} : index
     %has_weight = arith.constant ${HAS_WEIGHT}
     %cache_row = arith.constant ${CACHE_ROW}
+    %overlap = arith.constant ${OVERLAP}
+    %overlap_k = arith.constant ${OVERLAP_K} : index
     %dw_regs = arith.constant ${DW_REGS}
     %w_regs = arith.constant ${PREFETCH_W}
     %atomic_dw = arith.constant ${ATOMIC_DW}
@@ -229,8 +231,41 @@ gpu.module @normir [${TARGET}] {
       %dot_thread = vector.reduction <add>, %dot_vec : vector<${V}xf32> into f32
       %dot = func.call @normir_row_sum(%dot_thread, %tid, %red)
           : (f32, index, memref<${WPR}xf32, #gpu.address_space<workgroup>>) -> f32
-      %dot_all = func.call @normir_cluster_sum(%dot, %tid, %xch, %parity)
-          : (f32, index, memref<2xf32, #gpu.address_space<workgroup>>, index) -> f32
+      // OVERLAP (rows split over a cluster): pass 2's first OVERLAP_K chunks, which do not need
+      // the row total, are loaded between the cluster barrier's arrive and its wait, into the
+      // arrays CACHE_ROW uses, so that their latency and the peers' arrival overlap.
+      %dot_all = scf.if %overlap -> (f32) {
+        func.call @normir_cluster_post(%dot, %tid, %xch, %parity)
+            : (f32, index, memref<2xf32, #gpu.address_space<workgroup>>, index) -> ()
+        affine.for %k = 0 to ${OVERLAP_K} {
+          %ck = arith.muli %k, %tpr : index
+          %chunk = arith.addi %ck, %lane : index
+          %col_in = arith.muli %chunk, %vw : index
+          %col = arith.addi %col_base, %col_in : index
+          %always = arith.cmpi ult, %k, %k_full : index
+          %in_row = arith.cmpi ult, %chunk, %nchunk : index
+          %live_col = arith.ori %always, %in_row : i1
+          %live = arith.andi %live_col, %row_valid : i1
+          %a, %b = scf.if %live -> (vector<${V}x${T}>, vector<${V}x${T}>) {
+            %a1, %b1 = func.call @normir_bwd_row_chunk(%x_arg, %dy_arg, %stage_base, %rows, %x_stride, %dy_stride,
+                                                       %row, %col, %parity, %k, %tid, %stage_on, %pol_first)
+                : (memref<${N}x${T}>, memref<${N}x${T}>, index, index, index, index, index, index, index, index, index, i1, i64)
+                -> (vector<${V}x${T}>, vector<${V}x${T}>)
+            scf.yield %a1, %b1 : vector<${V}x${T}>, vector<${V}x${T}>
+          } else {
+            scf.yield %zero_t, %zero_t : vector<${V}x${T}>, vector<${V}x${T}>
+          }
+          vector.store %a, %xbuf[%k, %c0] : memref<${K}x${V}x${T}, #gpu.address_space<private>>, vector<${V}x${T}>
+          vector.store %b, %dybuf[%k, %c0] : memref<${K}x${V}x${T}, #gpu.address_space<private>>, vector<${V}x${T}>
+        }
+        %t = func.call @normir_cluster_read(%dot, %xch, %parity)
+            : (f32, memref<2xf32, #gpu.address_space<workgroup>>, index) -> f32
+        scf.yield %t : f32
+      } else {
+        %t = func.call @normir_cluster_sum(%dot, %tid, %xch, %parity)
+            : (f32, index, memref<2xf32, #gpu.address_space<workgroup>>, index) -> f32
+        scf.yield %t : f32
+      }
       %c1_s = arith.mulf %dot_all, %inv_n : f32
       %c1_v = vector.broadcast %c1_s : f32 to vector<${V}xf32>
 
@@ -244,7 +279,11 @@ gpu.module @normir [${TARGET}] {
         %in_row = arith.cmpi ult, %chunk, %nchunk : index
         %live_col = arith.ori %always, %in_row : i1
         %live = arith.andi %live_col, %row_valid : i1
-        %xv, %dyv = scf.if %cache_row -> (vector<${V}x${T}>, vector<${V}x${T}>) {
+        // Pass 2 reads its chunks from %xbuf and %dybuf where pass 1 (CACHE_ROW) or the OVERLAP
+        // loads (the first OVERLAP_K chunks) put them.
+        %early = arith.cmpi ult, %k, %overlap_k : index
+        %held = arith.ori %cache_row, %early : i1
+        %xv, %dyv = scf.if %held -> (vector<${V}x${T}>, vector<${V}x${T}>) {
           %a = vector.load %xbuf[%k, %c0] : memref<${K}x${V}x${T}, #gpu.address_space<private>>, vector<${V}x${T}>
           %b = vector.load %dybuf[%k, %c0] : memref<${K}x${V}x${T}, #gpu.address_space<private>>, vector<${V}x${T}>
           scf.yield %a, %b : vector<${V}x${T}>, vector<${V}x${T}>

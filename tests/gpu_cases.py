@@ -39,11 +39,13 @@ FORCED_CASES = (
     (8192, "bf16", {"hints": 2, "min_blocks": 4}, {"hints": 2}),  # backward staged: dx stores only
     (16384, "bf16", {}, {"stage": 1, "hints": 0}),  # the backward's former default (staged, no hints)
     (262144, "bf16", {"cluster": 1, "hints": 15}, {"hints": 3}),  # forward re-read: pass 1 keeps the row
+    (65536, "bf16", {}, {"overlap": 4}),  # backward over a cluster: all of pass 2's loads inside the barrier
+    (32768, "f16", {}, {"overlap": 1, "hints": 0}),  # one chunk inside the barrier, no hints
 )
 
 
 def tpr_value(layout: dict) -> str:
-    """A forced layout as a NORMIR_TPR value: TPR[xCLUSTER][pN][sN][mN][hN]."""
+    """A forced layout as a NORMIR_TPR value: TPR[xCLUSTER][pN][sN][mN][hN][oN]."""
     out = f"{layout.get('tpr', 0)}x{layout.get('cluster', 0)}"
     if layout.get("l2_prefetch", -1) >= 0:
         out += f"p{layout['l2_prefetch']}"
@@ -53,6 +55,8 @@ def tpr_value(layout: dict) -> str:
         out += f"m{layout['min_blocks']}"
     if layout.get("hints", -1) >= 0:
         out += f"h{layout['hints']}"
+    if layout.get("overlap", -1) >= 0:
+        out += f"o{layout['overlap']}"
     return out
 
 BENCH_N = (1024, 2048, 2880, 4096, 7168, 8192, 16384, 32768, 65536)

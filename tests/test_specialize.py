@@ -111,16 +111,16 @@ def test_key_string_is_stable_text():
     assert o.key_string() == (
         "kernel='rmsnorm_fwd';n=4096;dtype='bf16';wdtype='bf16';eps=9.999999974752427e-07;target='sm_90';"
         "has_weight=True;store_rstd=False;vec=8;atomic_dw=False;tpr=0;cluster=0;l2_prefetch=-1;stage=-1;"
-        "min_blocks=0;hints=-1"
+        "min_blocks=0;hints=-1;overlap=-1"
     )
     assert o.digest() == hashlib.sha256(o.key_string().encode()).hexdigest()
-    assert o.digest() == "5265d8071930ba709c59ff995a7a10372f8c2a69b304d017be48611ebb71c573"
+    assert o.digest() == "7d6efa6fe8fd71ace58d257703d23c5b48e37743703170ccdd9089b63ca80322"
     assert "layout" not in o.key_string()
 
 
 _ALTERNATIVES = dict(kernel="rmsnorm_bwd", n=2048, dtype="f16", wdtype="f32", eps=1e-5, target="gfx950",
                      has_weight=False, store_rstd=True, vec=4, atomic_dw=True, tpr=256, cluster=2,
-                     l2_prefetch=0, stage=0, min_blocks=2, hints=0)
+                     l2_prefetch=0, stage=0, min_blocks=2, hints=0, overlap=0)
 
 
 def test_alternatives_cover_every_key_field():
@@ -392,6 +392,25 @@ def test_nvidia_forward_row_shapes():
     assert Options(kernel="rmsnorm_fwd", n=512).layout.rows == 16
     amd = Options(kernel="rmsnorm_fwd", n=2048, target="gfx950").layout
     assert (amd.tpr, amd.rows, amd.k) == (64, 4, 4)
+
+
+def test_overlap_policy():
+    # Rows over a cluster of 512-thread blocks with 4 chunks per thread load pass 2's first 2
+    # chunks between the cluster barrier's arrive and wait; nothing else does by default.
+    def overlap(**kw):
+        return Options(kernel="rmsnorm_bwd", **{"n": 32768, **kw}).layout.overlap
+
+    assert overlap() == overlap(n=65536) == overlap(dtype="f16", wdtype="f16") == 2
+    assert overlap(n=16384) == overlap(n=4096) == 0  # one block per row
+    assert overlap(n=65536, dtype="f32", wdtype="f32") == 0  # 1024-thread blocks
+    assert overlap(target="gfx950") == 0
+    assert overlap(overlap=0) == 0 and overlap(overlap=4) == 4
+    with pytest.raises(ValueError, match=r"^overlap=2 needs the backward \(rmsnorm_bwd\) with rows split over a cluster"):
+        Options(kernel="rmsnorm_bwd", n=16384, overlap=2)
+    with pytest.raises(ValueError, match=r"^overlap=5: choose -1 \(the policy's\), 0 \(none\) or a chunk count up to K=4"):
+        Options(kernel="rmsnorm_bwd", n=32768, overlap=5)
+    with pytest.raises(ValueError, match=r"^overlap=1 needs the backward \(rmsnorm_fwd\)"):
+        Options(kernel="rmsnorm_fwd", n=65536, dtype="f32", wdtype="f32", overlap=1)
 
 
 def test_min_blocks():

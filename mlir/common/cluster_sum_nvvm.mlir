@@ -1,21 +1,30 @@
   // normir common piece: cluster_sum for NVVM targets with thread-block clusters (sm_90+).
   // A row is split over the ${CLUSTER} blocks of a cluster. Each block's row total goes into its
-  // own %xch[%parity]; after the cluster barrier every thread reads the ${CLUSTER} slots through
-  // distributed shared memory (mapa + ld.shared::cluster) and adds them in rank order, so every
-  // block of the cluster gets the same bits. Callers alternate %parity per row: a block can only
-  // reach row i+2 (and overwrite slot i % 2) after every peer passed row i+1's barrier, which is
-  // after their reads of row i. barrier.cluster.arrive releases and .wait acquires by default.
-  func.func private @normir_cluster_sum(%v: f32, %tid: index,
-      %xch: memref<2xf32, #gpu.address_space<workgroup>>, %parity: index) -> f32
+  // own %xch[%parity] (cluster_post, which then arrives at the cluster barrier); cluster_read
+  // waits for the barrier, then every thread reads the ${CLUSTER} slots through distributed
+  // shared memory (mapa + ld.shared::cluster) and adds them in rank order, so every block of the
+  // cluster gets the same bits. cluster_sum is the two back to back; a caller may instead do
+  // work that does not need the total between them. Callers alternate %parity per row: a block
+  // can only reach row i+2 (and overwrite slot i % 2) after every peer passed row i+1's
+  // barrier, which is after their reads of row i. barrier.cluster.arrive releases and .wait
+  // acquires by default.
+  func.func private @normir_cluster_post(%v: f32, %tid: index,
+      %xch: memref<2xf32, #gpu.address_space<workgroup>>, %parity: index)
       attributes {llvm.linkage = #llvm.linkage<internal>} {
     %c0 = arith.constant 0 : index
-    %zero = arith.constant 0.0 : f32
-    %four = arith.constant 4 : i64
     %is_first = arith.cmpi eq, %tid, %c0 : index
     scf.if %is_first {
       memref.store %v, %xch[%parity] : memref<2xf32, #gpu.address_space<workgroup>>
     }
     nvvm.cluster.arrive
+    return
+  }
+  // %own (this block's total) is not used: the block reads its own slot as its peers do.
+  func.func private @normir_cluster_read(%own: f32,
+      %xch: memref<2xf32, #gpu.address_space<workgroup>>, %parity: index) -> f32
+      attributes {llvm.linkage = #llvm.linkage<internal>} {
+    %zero = arith.constant 0.0 : f32
+    %four = arith.constant 4 : i64
     nvvm.cluster.wait
     %base = memref.extract_aligned_pointer_as_index %xch : memref<2xf32, #gpu.address_space<workgroup>> -> index
     %base_i64 = arith.index_cast %base : index to i64
@@ -30,6 +39,15 @@
       %sum = arith.addf %acc, %part : f32
       affine.yield %sum : f32
     }
+    return %total : f32
+  }
+  func.func private @normir_cluster_sum(%v: f32, %tid: index,
+      %xch: memref<2xf32, #gpu.address_space<workgroup>>, %parity: index) -> f32
+      attributes {llvm.linkage = #llvm.linkage<internal>} {
+    func.call @normir_cluster_post(%v, %tid, %xch, %parity)
+        : (f32, index, memref<2xf32, #gpu.address_space<workgroup>>, index) -> ()
+    %total = func.call @normir_cluster_read(%v, %xch, %parity)
+        : (f32, memref<2xf32, #gpu.address_space<workgroup>>, index) -> f32
     return %total : f32
   }
 
