@@ -22,10 +22,13 @@
 // chunks of the next row are already being copied (cp.async) into the other of two buffers, and
 // both passes read the current buffer; HBM is read once and never waits on the reductions.
 // HINT_LD: x and dy are read under L2 policies (pass 1 keeps what pass 2 reads again; pass 2's,
-// their last reads, evict first); HINT_ST: the dx stores evict first.
+// their last reads, evict first); HINT_ST: the dx stores evict first. OVERLAP (rows over a
+// cluster): pass 2's first OVERLAP_K chunks are loaded between the cluster barrier's arrive and
+// wait.
 //
 // Placeholders: those of rmsnorm_fwd.mlir, plus DW_REGS, ATOMIC_DW, PART_ALIGN, L2_PREFETCH,
-// and the target's pieces for atomics (ATOMIC_PIECE) and the L2 prefetch (PREFETCH_PIECE).
+// OVERLAP, OVERLAP_K, and the target's pieces for atomics (ATOMIC_PIECE) and the L2 prefetch
+// (PREFETCH_PIECE).
 // Arguments: x, w, dy, rstd, dx, dw_part (fp32), rows, the row strides of x, dy and dx
 // (elements), and the grid size.
 module attributes {gpu.container_module} {
