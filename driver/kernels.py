@@ -31,7 +31,7 @@ def _fwd_layout(opts: Options, tgt: Target) -> Layout:
     from .specialize import DTYPES, held, row_layout
 
     # 8-byte chunks where the policy prefers them, unless a forced option needs 16-byte ones.
-    narrow = opts.stage != 1 and opts.hints <= 0 and DTYPES[opts.dtype] == 2
+    narrow = opts.stage != 1 and opts.hints <= 0
     return row_layout(opts.n, opts.vec, held(opts.dtype), tgt, opts.tpr, DTYPES[opts.wdtype], opts.cluster,
                       narrow=narrow)
 

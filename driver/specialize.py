@@ -267,9 +267,9 @@ def row_layout(n: int, vec: int, held_bytes: int, tgt: targets.Target, tpr: int 
     c = _split(n, vec, tgt, cluster, tpr,
                lambda c: not _row_block_layout(n // c, vec, held_bytes, tgt, tpr, w_bytes).cache_row)
     lay = _clustered(_row_block_layout(n // c, vec, held_bytes, tgt, tpr, w_bytes), c)
-    # (held_bytes == 2: a 16-bit row held packed, so 16-byte chunks are vec * 2 bytes.)
+    # Measured for bf16 rows in 16-byte chunks only: held_bytes == 2 is bf16 (held packed).
     if narrow and tgt.is_nvidia and not tpr and lay.cluster == 1 and lay.block == MAX_THREADS \
-            and lay.k == lay.kfull == 8 and lay.cache_row and vec * held_bytes == MAX_VECTOR_BYTES:
+            and lay.k == lay.kfull == 8 and lay.cache_row and held_bytes == 2 and vec * 2 == MAX_VECTOR_BYTES:
         lay = _row_block_layout(n, vec // 2, held_bytes, tgt, MAX_THREADS, w_bytes)
     return lay
 
@@ -379,7 +379,7 @@ class Options:
             raise ValueError(f"stage={self.stage!r}: choose 1 (on), 0 (off) or -1 (the policy's)")
         if isinstance(self.min_blocks, bool) or not isinstance(self.min_blocks, int) \
                 or not 0 <= self.min_blocks <= MAX_MIN_BLOCKS:
-            raise ValueError(f"min_blocks={self.min_blocks!r} must be an int from 0 (the policy's) to {MAX_MIN_BLOCKS}")
+            raise ValueError(f"min_blocks={self.min_blocks!r} must be an int from 0 (none) to {MAX_MIN_BLOCKS}")
         if self.min_blocks and not tgt.min_blocks_attr:
             raise ValueError(f"min_blocks={self.min_blocks}: {self.target} has no blocks-per-multiprocessor bound; use 0")
         spec = KERNELS[self.kernel]

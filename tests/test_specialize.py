@@ -383,6 +383,11 @@ def test_nvidia_forward_row_shapes():
     for forced in (dict(stage=1), dict(hints=2), dict(tpr=1024)):
         assert Options(kernel="rmsnorm_fwd", n=65536, **forced).layout.vec == 8
     assert Options(kernel="rmsnorm_fwd", n=65536, target="gfx950").layout.vec == 8
+    # Only bf16 rows in 16-byte chunks narrow (as measured): not f16 or f32 rows of the same shape,
+    # nor a bf16 row whose pointers already allow only 8 bytes.
+    assert Options(kernel="rmsnorm_fwd", n=32768, dtype="f16", wdtype="f16", vec=4).layout.vec == 4
+    assert Options(kernel="rmsnorm_fwd", n=32768, dtype="f32", wdtype="f32").layout.vec == 4
+    assert Options(kernel="rmsnorm_fwd", n=65536, vec=4).layout.vec == 4
     assert Options(kernel="rmsnorm_fwd", n=32768).layout.vec == 8
     assert Options(kernel="rmsnorm_bwd", n=65536).layout.vec == 8
     # N=1024 in 16-bit types (exactly 4 chunks per lane of a warp): a block of 2 warps, 2 chunks
