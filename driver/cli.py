@@ -1,7 +1,7 @@
 """normir's command line, for compiler engineers and deployments.
 
   normir compile FILE.mlir|KERNEL --target sm_90 --n 4096 [--dtype bf16 ...] [--set NAME=VALUE]
-                 [--tpr T --cluster C --l2-prefetch 0|1 --stage 0|1 --min-blocks B --hints H --overlap C]
+                 [--tpr T --cluster C --l2-prefetch 0|1 --stage 0|1 --min-blocks B --hints H --overlap C --cache-row 0|1]
                  [--emit input|unroll|llvm|isa|bin] [-o OUT]
   normir aot --out DIR PLAN.json       compile a list of specializations into a cache folder
   normir report [--target ...]         compile every kernel at representative shapes; print sizes,
@@ -30,7 +30,8 @@ def _options_from_args(a: argparse.Namespace, kernel: str) -> Options:
     return Options(kernel=kernel, n=a.n, dtype=a.dtype, wdtype=a.wdtype or a.dtype, eps=a.eps, target=a.target,
                    has_weight=not a.no_weight, store_rstd=a.store_rstd, vec=a.vec, atomic_dw=a.atomic_dw,
                    tpr=a.tpr, cluster=a.cluster, l2_prefetch=a.l2_prefetch, stage=a.stage,
-                   min_blocks=a.min_blocks, hints=a.hints, overlap=a.overlap)
+                   min_blocks=a.min_blocks, hints=a.hints, overlap=a.overlap,
+                   cache_row=a.cache_row)
 
 
 def cmd_compile(a: argparse.Namespace) -> int:
@@ -165,6 +166,8 @@ def main(argv: list[str] | None = None) -> int:
                    "4 (reads repeated later evict last), 8 (no .nc loads); 0 none, -1 the policy's")
     c.add_argument("--overlap", type=int, default=-1,
                    help="backward over a cluster: pass 2's chunks loaded between the barrier's arrive and wait")
+    c.add_argument("--cache-row", type=int, default=-1, choices=(-1, 0, 1),
+                   help="backward: hold x and dy in registers between the passes (1) or read them again (0)")
     c.add_argument("--set", action="append", metavar="NAME=VALUE", help="override a placeholder")
     c.add_argument("--emit", default="isa", choices=["input", "unroll", "llvm", "isa", "bin"])
     c.add_argument("-o", "--output")

@@ -195,7 +195,27 @@ def _bwd_block_layout(n: int, vec: int, held_bytes: int, tgt: targets.Target, tp
                   cache_row=cache_row, warp=warp, prefetch_w=False, dw_regs=dw_regs)
 
 
-def _staged(kernel: str, lay: Layout, stage: int, tgt: targets.Target, eb: int) -> Layout:
+def _bwd_cache_row(opts: Options, lay: Layout, tgt: targets.Target) -> Layout:
+    """The backward's CACHE_ROW: forced, or the policy's. Without a weight there are no dw sums,
+    and the registers they would take hold the row instead where it fits the budget (unless a
+    forced option needs the row read again)."""
+    if opts.cache_row not in (-1, 0, 1):
+        raise ValueError(f"cache_row={opts.cache_row!r}: choose 1 (x and dy held in registers), 0 (read again) "
+                         "or -1 (the policy's)")
+    if opts.kernel != "rmsnorm_bwd":
+        if opts.cache_row != -1:
+            raise ValueError(f"cache_row={opts.cache_row}: only the backward ({opts.kernel} is not) takes it; use -1")
+        return lay
+    if opts.cache_row != -1:
+        return replace(lay, cache_row=bool(opts.cache_row))
+    if opts.has_weight or opts.stage == 1 or opts.overlap > 0:  # forced staging and overlap re-read the row
+        return lay
+    budget = tgt.reg_budget_bytes(lay.block, overhead_regs=BWD_OVERHEAD_REGS)
+    fits = lay.cluster == 1 and lay.k <= 2 and lay.k * lay.vec * 2 * held(opts.dtype) <= budget
+    return replace(lay, cache_row=lay.cache_row or fits)
+
+
+def _staged(kernel: str, lay: Layout, stage: int, tgt: targets.Target, eb: int, weight: bool = True) -> Layout:
     """The STAGE choice: forced, or the policy's.
 
     Backward (x, dy through two buffers, both passes read them): rows re-read in pass 2, four or
@@ -218,7 +238,7 @@ def _staged(kernel: str, lay: Layout, stage: int, tgt: targets.Target, eb: int) 
                          f"buffers within {MAX_STAGE_BYTES} bytes, one row per block, and the row "
                          f"{'re-read' if backward else 'held in registers'}")
     policy = backward and bool(tgt.stage_piece) and fits and held and lay.rows == 1 and lay.cluster == 1 \
-        and lay.k >= 4 and buffers * lay.k * lay.block * MAX_VECTOR_BYTES <= STAGE_POLICY_BYTES
+        and lay.k >= 4 and (buffers * lay.k * lay.block * MAX_VECTOR_BYTES <= STAGE_POLICY_BYTES or not weight)
     return replace(lay, stage=policy if stage == -1 else bool(stage), stage_buffers=buffers)
 
 
@@ -340,6 +360,7 @@ class Options:
     min_blocks: int = 0  # NVVM: blocks per multiprocessor the register allocation must allow; 0: none
     hints: int = -1  # cache hints, a sum of the HINT_* bits (0: none); -1: the policy's
     overlap: int = -1  # backward over a cluster: pass 2's chunks loaded inside the barrier (0: none); -1: the policy's
+    cache_row: int = -1  # backward, 1/0: x and dy held in registers between the passes, or read again; -1: the policy's
     layout: Layout = field(init=False, compare=False, repr=False)
 
     def __post_init__(self) -> None:
@@ -383,9 +404,9 @@ class Options:
         if self.min_blocks and not tgt.min_blocks_attr:
             raise ValueError(f"min_blocks={self.min_blocks}: {self.target} has no blocks-per-multiprocessor bound; use 0")
         spec = KERNELS[self.kernel]
-        lay = spec.layout(self, tgt)
+        lay = _bwd_cache_row(self, spec.layout(self, tgt), tgt)
         if self.kernel in STAGING:
-            lay = _staged(self.kernel, lay, self.stage, tgt, DTYPES[self.dtype])
+            lay = _staged(self.kernel, lay, self.stage, tgt, DTYPES[self.dtype], self.has_weight)
         elif self.stage == 1:
             raise ValueError(f"stage=1: {self.kernel} has no staged layout; use -1 or 0")
         if self.kernel in PREFETCHING:
@@ -417,7 +438,8 @@ class Options:
         # *tune-v19*, *-v20*) that gained 7.4% at N=32768 and 6.7% at 65536 (bf16); 1 of 4 gained
         # 4.6-4.8%; 3 and 4 of 4 spilled (128 registers) and gained less or lost. 1024-thread
         # blocks (64 registers) spill with it (N=65536 in f32).
-        policy = 2 if overlappable and lay.k == 4 and lay.block <= MAX_THREADS // 2 else 0
+        # Without a weight (no dw sums) all 4 fit: +25% at 32768 and +35% at 65536 (*tune-v26*).
+        policy = (2 if self.has_weight else lay.k) if overlappable and lay.k == 4 and lay.block <= MAX_THREADS // 2 else 0
         lay = replace(lay, overlap=policy if self.overlap == -1 else self.overlap)
         object.__setattr__(self, "layout", lay)
 

@@ -15,9 +15,11 @@ import os
 import sys
 
 VARIANTS = {  # (op, N, dtype): layouts to compare, as NORMIR_TPR values ("0": the policy's)
-    ("bwd", 16384, "bf16"): ("0", "0h0", "0h2", "0s1", "0p0", "256x2m2o4", "512x2o2"),
-    ("bwd", 32768, "bf16"): ("0", "512x4o2", "0o3", "0o4w1", "256x4m2o4"),
-    ("bwd", 65536, "bf16"): ("0", "512x8o2", "512x8o2w1", "0o3"),
+    **{("bwd", n, "bf16"): ("0", "0r0") for n in (1024, 2048, 2880, 4096)},
+    **{("bwd", n, "bf16"): ("0",) for n in (7168, 8192)},
+    ("bwd", 16384, "bf16"): ("0", "0s0"),
+    ("bwd", 32768, "bf16"): ("0", "0o2"),
+    ("bwd", 65536, "bf16"): ("0", "0o2"),
 }
 KERNEL = {"fwd": "rmsnorm_fwd", "bwd": "rmsnorm_bwd"}
 

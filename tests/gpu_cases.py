@@ -41,11 +41,16 @@ FORCED_CASES = (
     (262144, "bf16", {"cluster": 1, "hints": 15}, {"hints": 3}),  # forward re-read: pass 1 keeps the row
     (65536, "bf16", {}, {"overlap": 4}),  # backward over a cluster: all of pass 2's loads inside the barrier
     (32768, "f16", {}, {"overlap": 1, "hints": 0}),  # one chunk inside the barrier, no hints
+    (4096, "bf16", {}, {"cache_row": 1}),  # backward row held in registers with a weight too
+    (16384, "f16", {}, {"cache_row": 0}),  # without a weight: re-read, not staged
 )
+# (N, dtype) for the backward without a weight, whose policy differs (specialize._bwd_cache_row):
+# the row held in registers, staged through shared memory, every chunk loaded inside the barrier.
+NO_WEIGHT_CASES = ((4096, "bf16"), (2880, "f32"), (16384, "bf16"), (32768, "bf16"), (65536, "f16"))
 
 
 def tpr_value(layout: dict) -> str:
-    """A forced layout as a NORMIR_TPR value: TPR[xCLUSTER][pN][sN][mN][hN][oN]."""
+    """A forced layout as a NORMIR_TPR value: TPR[xCLUSTER][pN][sN][mN][hN][oN][rN]."""
     out = f"{layout.get('tpr', 0)}x{layout.get('cluster', 0)}"
     if layout.get("l2_prefetch", -1) >= 0:
         out += f"p{layout['l2_prefetch']}"
@@ -57,6 +62,8 @@ def tpr_value(layout: dict) -> str:
         out += f"h{layout['hints']}"
     if layout.get("overlap", -1) >= 0:
         out += f"o{layout['overlap']}"
+    if layout.get("cache_row", -1) >= 0:
+        out += f"r{layout['cache_row']}"
     return out
 
 BENCH_N = (1024, 2048, 2880, 4096, 7168, 8192, 16384, 32768, 65536)
@@ -107,6 +114,8 @@ def specializations() -> list[dict]:
     for n, dt, fwd, bwd in FORCED_CASES:
         plan += [_fwd(n, dt, dt, **fwd), _fwd(n, dt, dt, has_weight=False, **fwd)]
         plan += _bwd(n, dt, dt, **bwd) + _bwd(n, dt, dt, has_weight=False, **bwd)
+    for n, dt in NO_WEIGHT_CASES:
+        plan += [_fwd(n, dt, dt)] + _bwd(n, dt, dt, has_weight=False)
     for n, c, dt in CLUSTER_CASES:
         plan += [_fwd(n, dt, dt, cluster=c), _fwd(n, dt, dt, cluster=c, has_weight=False)]
         plan += _bwd(n, dt, dt, cluster=c) + _bwd(n, dt, dt, cluster=c, has_weight=False)

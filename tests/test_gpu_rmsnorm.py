@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import math
 
+import gpu_cases as cases
 import pytest
 import torch
 from gpu_cases import ALIGN_CASES, CLUSTER_CASES, DTYPE_NAMES, EPS, FORCED_CASES, FWD_M, FWD_N, LARGE_N, TRAIN_N, tpr_value
@@ -168,6 +169,15 @@ def test_bwd_fp32_weight_and_no_weight(dt, n):
     x = make((199, n), TORCH[dt])
     check_bwd(x, make((n,), torch.float32) + 1, 1e-6)
     check_bwd(x, None, 1e-6)
+
+
+@pytest.mark.parametrize("n,dt", cases.NO_WEIGHT_CASES)
+def test_bwd_no_weight_layouts(n, dt):
+    # Without a weight the backward holds short rows in registers, stages longer ones and loads
+    # all of pass 2 inside a cluster's barrier: each of those layouts against the reference.
+    _, lay = launch.handle("rmsnorm_bwd", 0, n, dt, dt, BWD_KEY_EPS, False, False, max_vec(n, DTYPES[dt]))
+    assert lay.cache_row or lay.stage or lay.overlap == lay.k
+    check_bwd(make((1000, n), TORCH[dt]), None, 1e-6)
 
 
 @pytest.mark.large

@@ -111,16 +111,16 @@ def test_key_string_is_stable_text():
     assert o.key_string() == (
         "kernel='rmsnorm_fwd';n=4096;dtype='bf16';wdtype='bf16';eps=9.999999974752427e-07;target='sm_90';"
         "has_weight=True;store_rstd=False;vec=8;atomic_dw=False;tpr=0;cluster=0;l2_prefetch=-1;stage=-1;"
-        "min_blocks=0;hints=-1;overlap=-1"
+        "min_blocks=0;hints=-1;overlap=-1;cache_row=-1"
     )
     assert o.digest() == hashlib.sha256(o.key_string().encode()).hexdigest()
-    assert o.digest() == "7d6efa6fe8fd71ace58d257703d23c5b48e37743703170ccdd9089b63ca80322"
+    assert o.digest() == "605c1c5d1d0fa7bcc02fde404a4fa8bb64f31b5c6d807e3661582e616f4de396"
     assert "layout" not in o.key_string()
 
 
 _ALTERNATIVES = dict(kernel="rmsnorm_bwd", n=2048, dtype="f16", wdtype="f32", eps=1e-5, target="gfx950",
                      has_weight=False, store_rstd=True, vec=4, atomic_dw=True, tpr=256, cluster=2,
-                     l2_prefetch=0, stage=0, min_blocks=2, hints=0, overlap=0)
+                     l2_prefetch=0, stage=0, min_blocks=2, hints=0, overlap=0, cache_row=0)
 
 
 def test_alternatives_cover_every_key_field():
@@ -129,7 +129,7 @@ def test_alternatives_cover_every_key_field():
 
 @pytest.mark.parametrize("name", sorted(_ALTERNATIVES))
 def test_digest_differs_per_field(name):
-    base = Options(kernel="rmsnorm_fwd", n=4096)
+    base = Options(kernel="rmsnorm_bwd" if name == "cache_row" else "rmsnorm_fwd", n=4096)  # a backward-only knob
     other = Options(**{**{f.name: getattr(base, f.name) for f in dataclasses.fields(Options) if f.init},
                        name: _ALTERNATIVES[name]})
     assert other.key_string() != base.key_string()
@@ -416,6 +416,26 @@ def test_overlap_policy():
         Options(kernel="rmsnorm_bwd", n=32768, overlap=5)
     with pytest.raises(ValueError, match=r"^overlap=1 needs the backward \(rmsnorm_fwd\)"):
         Options(kernel="rmsnorm_fwd", n=65536, dtype="f32", wdtype="f32", overlap=1)
+
+
+def test_no_weight_policy():
+    # Without a weight (no dw sums): 2-chunk rows held in registers, 4-chunk rows of one block
+    # staged whatever their size, rows over a cluster with all of pass 2 inside the barrier.
+    def lay(n, **kw):
+        return Options(kernel="rmsnorm_bwd", n=n, has_weight=False, **kw).layout
+
+    assert lay(2880).cache_row and lay(4096).cache_row and not Options(kernel="rmsnorm_bwd", n=4096).layout.cache_row
+    assert lay(8192).stage and lay(16384).stage and not Options(kernel="rmsnorm_bwd", n=16384).layout.stage
+    assert lay(32768).overlap == lay(65536).overlap == 4 and not lay(32768).cache_row
+    assert not lay(16384, target="gfx950").stage  # no asynchronous copies there
+    # Forced choices win, and a forced stage or overlap keeps the row re-read.
+    assert not lay(4096, cache_row=0).cache_row and lay(16384, cache_row=1).cache_row
+    assert lay(4096, stage=1).stage and not lay(4096, stage=1).cache_row
+    assert Options(kernel="rmsnorm_bwd", n=4096, cache_row=1).layout.cache_row
+    with pytest.raises(ValueError, match=r"^cache_row=2: choose 1"):
+        Options(kernel="rmsnorm_bwd", n=4096, cache_row=2)
+    with pytest.raises(ValueError, match=r"^cache_row=1: only the backward"):
+        Options(kernel="rmsnorm_fwd", n=4096, cache_row=1)
 
 
 def test_min_blocks():
