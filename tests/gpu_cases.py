@@ -46,7 +46,7 @@ FORCED_CASES = (
 )
 # (N, dtype) for the backward without a weight, whose policy differs (specialize._bwd_cache_row):
 # the row held in registers, staged through shared memory, every chunk loaded inside the barrier.
-NO_WEIGHT_CASES = ((4096, "bf16"), (2880, "f32"), (16384, "bf16"), (32768, "bf16"), (65536, "f16"))
+NO_WEIGHT_CASES = ((4096, "bf16"), (4096, "f16"), (2880, "f32"), (16384, "bf16"), (32768, "bf16"), (65536, "f16"))
 
 
 def tpr_value(layout: dict) -> str:
@@ -115,7 +115,7 @@ def specializations() -> list[dict]:
         plan += [_fwd(n, dt, dt, **fwd), _fwd(n, dt, dt, has_weight=False, **fwd)]
         plan += _bwd(n, dt, dt, **bwd) + _bwd(n, dt, dt, has_weight=False, **bwd)
     for n, dt in NO_WEIGHT_CASES:
-        plan += [_fwd(n, dt, dt)] + _bwd(n, dt, dt, has_weight=False)
+        plan += [_fwd(n, dt, dt, has_weight=False)] + _bwd(n, dt, dt, has_weight=False)
     for n, c, dt in CLUSTER_CASES:
         plan += [_fwd(n, dt, dt, cluster=c), _fwd(n, dt, dt, cluster=c, has_weight=False)]
         plan += _bwd(n, dt, dt, cluster=c) + _bwd(n, dt, dt, cluster=c, has_weight=False)
