@@ -199,9 +199,6 @@ def _bwd_cache_row(opts: Options, lay: Layout, tgt: targets.Target) -> Layout:
     """The backward's CACHE_ROW: forced, or the policy's. Without a weight there are no dw sums,
     and the registers they would take hold the row instead where it fits the budget (unless a
     forced option needs the row read again)."""
-    if opts.cache_row not in (-1, 0, 1):
-        raise ValueError(f"cache_row={opts.cache_row!r}: choose 1 (x and dy held in registers), 0 (read again) "
-                         "or -1 (the policy's)")
     if opts.kernel != "rmsnorm_bwd":
         if opts.cache_row != -1:
             raise ValueError(f"cache_row={opts.cache_row}: only the backward ({opts.kernel} is not) takes it; use -1")
@@ -391,16 +388,18 @@ class Options:
             raise ValueError(f"cluster={self.cluster}: {self.target} has no thread-block clusters; use cluster=1")
         if self.cluster > 1 and self.n % (self.cluster * vec):
             raise ValueError(f"cluster={self.cluster} must split N={self.n} into whole vectors of {vec}")
-        if self.l2_prefetch not in (-1, 0, 1):
-            raise ValueError(f"l2_prefetch={self.l2_prefetch!r}: choose 1 (on), 0 (off) or -1 (the policy's)")
+        _check_int("l2_prefetch", self.l2_prefetch, -1, 1, "choose 1 (on), 0 (off) or -1 (the policy's)")
         if self.l2_prefetch == 1 and (tgt.prefetch_piece is None or self.kernel not in PREFETCHING):
             raise ValueError(f"l2_prefetch=1: {self.kernel} on {self.target} has no L2 prefetch of the next row; "
                              "use -1 or 0")
-        if self.stage not in (-1, 0, 1):
-            raise ValueError(f"stage={self.stage!r}: choose 1 (on), 0 (off) or -1 (the policy's)")
-        if isinstance(self.min_blocks, bool) or not isinstance(self.min_blocks, int) \
-                or not 0 <= self.min_blocks <= MAX_MIN_BLOCKS:
-            raise ValueError(f"min_blocks={self.min_blocks!r} must be an int from 0 (none) to {MAX_MIN_BLOCKS}")
+        _check_int("stage", self.stage, -1, 1, "choose 1 (on), 0 (off) or -1 (the policy's)")
+        _check_int("min_blocks", self.min_blocks, 0, MAX_MIN_BLOCKS, f"must be an int from 0 (none) to {MAX_MIN_BLOCKS}")
+        _check_int("hints", self.hints, -1, 15,
+                   f"choose -1 (the policy's), 0 (none), or a sum of {HINT_LAST_READ} (last reads evict first), "
+                   f"{HINT_STORES} (stores evict first), {HINT_KEEP} (reads repeated later evict last) and "
+                   f"{HINT_COHERENT} (no .nc loads)")
+        _check_int("cache_row", self.cache_row, -1, 1,
+                   "choose 1 (x and dy held in registers), 0 (read again) or -1 (the policy's)")
         if self.min_blocks and not tgt.min_blocks_attr:
             raise ValueError(f"min_blocks={self.min_blocks}: {self.target} has no blocks-per-multiprocessor bound; use 0")
         spec = KERNELS[self.kernel]
@@ -415,10 +414,6 @@ class Options:
             # persistent grid (docs/results/*tune-v9*), has none.
             policy = lay.rows == 1 and not lay.stage and tgt.prefetch_piece is not None
             lay = replace(lay, l2_prefetch=policy if self.l2_prefetch == -1 else bool(self.l2_prefetch))
-        if isinstance(self.hints, bool) or not isinstance(self.hints, int) or not -1 <= self.hints <= 15:
-            raise ValueError(f"hints={self.hints!r}: choose -1 (the policy's), 0 (none), or a sum of "
-                             f"{HINT_LAST_READ} (last reads evict first), {HINT_STORES} (stores evict first), "
-                             f"{HINT_KEEP} (reads repeated later evict last) and {HINT_COHERENT} (no .nc loads)")
         hintable = tgt.hint_piece is not None and lay.vec * DTYPES[self.dtype] == MAX_VECTOR_BYTES \
             and self.kernel in HINTING
         if self.hints > 0 and not hintable:
@@ -426,9 +421,8 @@ class Options:
                              f"{lay.vec * DTYPES[self.dtype]}-byte chunks (they need 16 and an NVVM target); use -1 or 0")
         hints = _hint_policy(self.kernel, lay) if self.hints == -1 and hintable else max(0, self.hints)
         lay = replace(lay, min_blocks=self.min_blocks, hints=hints)
-        if isinstance(self.overlap, bool) or not isinstance(self.overlap, int) or not -1 <= self.overlap <= lay.k:
-            raise ValueError(f"overlap={self.overlap!r}: choose -1 (the policy's), 0 (none) or a chunk count "
-                             f"up to K={lay.k}")
+        _check_int("overlap", self.overlap, -1, lay.k,
+                   f"choose -1 (the policy's), 0 (none) or a chunk count up to K={lay.k}")
         overlappable = self.kernel == "rmsnorm_bwd" and lay.cluster > 1 and lay.dw_regs \
             and not lay.cache_row and not lay.stage
         if self.overlap > 0 and not overlappable:
@@ -438,7 +432,7 @@ class Options:
         # *tune-v19*, *-v20*) that gained 7.4% at N=32768 and 6.7% at 65536 (bf16); 1 of 4 gained
         # 4.6-4.8%; 3 and 4 of 4 spilled (128 registers) and gained less or lost. 1024-thread
         # blocks (64 registers) spill with it (N=65536 in f32).
-        # Without a weight (no dw sums) all 4 fit: +25% at 32768 and +35% at 65536 (*tune-v26*).
+        # Without a weight (no dw sums) all 4 fit: +10% at 32768 and +21% at 65536 (*tune-v27*).
         policy = (2 if self.has_weight else lay.k) if overlappable and lay.k == 4 and lay.block <= MAX_THREADS // 2 else 0
         lay = replace(lay, overlap=policy if self.overlap == -1 else self.overlap)
         object.__setattr__(self, "layout", lay)
@@ -449,6 +443,12 @@ class Options:
 
     def digest(self) -> str:
         return hashlib.sha256(self.key_string().encode()).hexdigest()
+
+
+def _check_int(name: str, value: object, lo: int, hi: int, what: str) -> None:
+    """A knob that must be an int (not a bool) in [lo, hi]; else an error naming it and the choices."""
+    if isinstance(value, bool) or not isinstance(value, int) or not lo <= value <= hi:
+        raise ValueError(f"{name}={value!r}: {what}")
 
 
 def _cast(src: str, dst: str) -> str:

@@ -438,13 +438,21 @@ def test_no_weight_policy():
         Options(kernel="rmsnorm_fwd", n=4096, cache_row=1)
 
 
+@pytest.mark.parametrize("name", ("l2_prefetch", "stage", "min_blocks", "hints", "overlap", "cache_row"))
+def test_knobs_reject_bools_and_floats(name):
+    # True would pass for 1 and 1.0 compare equal to 1: both are refused, naming the knob.
+    for bad in (True, 1.0, "1"):
+        with pytest.raises(ValueError, match=rf"^{name}={bad!r}: "):
+            Options(kernel="rmsnorm_bwd", n=32768, **{name: bad})
+
+
 def test_min_blocks():
     assert Options(kernel="rmsnorm_bwd", n=4096, min_blocks=2).layout.min_blocks == 2
     assert Options(kernel="rmsnorm_bwd", n=4096).layout.min_blocks == 0
     with pytest.raises(ValueError, match=r"^min_blocks=2: gfx950 has no blocks-per-multiprocessor bound"):
         Options(kernel="rmsnorm_bwd", n=4096, target="gfx950", min_blocks=2)
     for bad in (-1, 33, True):
-        with pytest.raises(ValueError, match=r"^min_blocks=.* must be an int from 0"):
+        with pytest.raises(ValueError, match=r"^min_blocks=.*: must be an int from 0"):
             Options(kernel="rmsnorm_bwd", n=4096, min_blocks=bad)
 
 
