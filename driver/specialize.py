@@ -24,7 +24,12 @@ REDUCE_CT, REDUCE_RT = 8, 32
 BWD_OVERHEAD_REGS = 36  # six pointers, three strides and the persistent loop's state
 ROWS_BLOCK = 256  # block size when several rows share a block
 AMD_1024_ROW_ELEMENTS = 64  # row elements a thread of a 1024-thread AMDGPU block may hold
-AMD_HOIST_K, AMD_ROLLED_K = 32, 64  # AMDGPU backward, dw in memory: chunk counts, see _bwd_block_layout
+# AMDGPU backward with the dw sums in memory, per chunk width (elements): the chunks per thread
+# [lo, hi) for which LLVM fully unrolls the chunk loops into a spill, and the count that keeps
+# them rolled (see _bwd_block_layout). Found by compiling every N in every dtype
+# (tests/test_gfx950_scratch.py); without a weight the range differs (_bwd_cache_row).
+AMD_UNROLL_K = {4: (16, 64, 64), 8: (12, 16, 32)}
+AMD_UNROLL_K_NO_WEIGHT = {8: (16, 24, 32)}
 HINTING = ("rmsnorm_fwd", "rmsnorm_bwd")  # kernels with L2 eviction hints
 PREFETCHING = ("rmsnorm_bwd",)  # kernels with the L2 prefetch of the next row
 MAX_STAGE_BYTES = 200 * 1024  # STAGE buffers past this leave too little shared memory
@@ -183,12 +188,13 @@ def _bwd_block_layout(n: int, vec: int, held_bytes: int, tgt: targets.Target, tp
     k = -(-nchunk // tpr)
     budget = tgt.reg_budget_bytes(tpr * rows, overhead_regs=BWD_OVERHEAD_REGS)
     dw_regs = k * vec * dw_bytes <= budget
-    if tgt.hoists_weight and not forced and not dw_regs and rows == 1 and vec == 4 and held_bytes == 4 \
-            and AMD_HOIST_K <= k < AMD_ROLLED_K:
-        # LLVM (AMDGPU) fully unrolls a 4-byte row's chunk loops at 32 chunks per thread and then
-        # hoists every w load out of the persistent row loop: at N=65536 in f32 that took 256
-        # VGPRs and 680 bytes of scratch. At 64 chunks the loops stay rolled; nothing is hoisted.
-        tpr = max(warp, -(-math.ceil(nchunk / AMD_ROLLED_K) // warp) * warp)
+    lo, hi, rolled_k = AMD_UNROLL_K.get(vec, (0, 0, 0)) if vec == 8 or held_bytes == 4 else (0, 0, 0)
+    if tgt.hoists_weight and not forced and not dw_regs and rows == 1 and lo <= k < hi:
+        # LLVM (AMDGPU) fully unrolls the chunk loops of such rows and then hoists every w load
+        # out of the persistent row loop and schedules pass 2's loads early: 256 VGPRs and
+        # 192-680 bytes of scratch (f32 at N=32768, 49152 and 65536; 16-bit at 49152). With
+        # enough chunks per thread the loops stay rolled and nothing spills.
+        tpr = max(warp, -(-math.ceil(nchunk / rolled_k) // warp) * warp)
         k = -(-nchunk // tpr)
     cache_row = short and k * vec * (4 + 2 * held_bytes) <= budget
     return Layout(vec=vec, tpr=tpr, rows=rows, k=k, kfull=nchunk // tpr, nchunk=nchunk,
@@ -209,6 +215,12 @@ def _bwd_cache_row(opts: Options, lay: Layout, tgt: targets.Target) -> Layout:
         return lay
     budget = tgt.reg_budget_bytes(lay.block, overhead_regs=BWD_OVERHEAD_REGS)
     fits = lay.cluster == 1 and lay.k <= 2 and lay.k * lay.vec * 2 * held(opts.dtype) <= budget
+    lo, hi, rolled_k = AMD_UNROLL_K_NO_WEIGHT.get(lay.vec, (0, 0, 0))
+    if tgt.hoists_weight and not fits and not opts.tpr and lay.rows == 1 and lay.cluster == 1 and lo <= lay.k < hi:
+        # AMDGPU: with no dw work between them, LLVM unrolls the chunk loops of such a row and
+        # merges pass 2's loads into pass 1's (x and dy are readonly), holding the row past the
+        # register file: 68-88 bytes of scratch at N=65536 in bf16/f16. Rolled loops do not.
+        return _bwd_block_layout(opts.n, lay.vec, held(opts.dtype), tgt, lay.tpr * lay.k // rolled_k)
     return replace(lay, cache_row=lay.cache_row or fits)
 
 

@@ -428,6 +428,8 @@ def test_no_weight_policy():
     assert lay(8192).stage and lay(16384).stage and not Options(kernel="rmsnorm_bwd", n=16384).layout.stage
     assert lay(32768).overlap == lay(65536).overlap == 4 and not lay(32768).cache_row
     assert not lay(16384, target="gfx950").stage  # no asynchronous copies there
+    # gfx950, 16-bit N=65536: 32 chunks per thread, where LLVM keeps the loops rolled (no scratch).
+    assert lay(65536, target="gfx950").k == 32 and Options(kernel="rmsnorm_bwd", n=65536, target="gfx950").layout.k == 16
     # Forced choices win, and a forced stage or overlap keeps the row re-read.
     assert not lay(4096, cache_row=0).cache_row and lay(16384, cache_row=1).cache_row
     assert lay(4096, stage=1).stage and not lay(4096, stage=1).cache_row
@@ -492,17 +494,20 @@ def test_stage_policy():
 
 def test_amd_layouts_that_spilled():
     # gfx950 rows whose ISA showed scratch: the forward's 1024-thread rows hold no w and at most 64
-    # elements; the backward's f32 rows with dw in memory get 64 chunks per thread (rolled loops).
+    # elements; the backward's rows with dw in memory where LLVM unrolled into a spill get enough
+    # chunks per thread that the loops stay rolled (f32: 64, 16-bit: 32).
     fwd = Options(kernel="rmsnorm_fwd", n=65536, target="gfx950").layout
     assert fwd.block == 1024 and fwd.cache_row and not fwd.prefetch_w
     assert not Options(kernel="rmsnorm_fwd", n=131072, target="gfx950").layout.cache_row
-    bwd = Options(kernel="rmsnorm_bwd", n=65536, dtype="f32", wdtype="f32", target="gfx950").layout
-    assert not bwd.dw_regs and bwd.k == S.AMD_ROLLED_K and bwd.tpr == 256
-    # Other dtypes and sm_90 keep their layouts.
+    for n, dt, k, tpr in ((65536, "f32", 64, 256), (32768, "f32", 64, 128), (49152, "bf16", 32, 192)):
+        bwd = Options(kernel="rmsnorm_bwd", n=n, dtype=dt, wdtype=dt, target="gfx950").layout
+        assert not bwd.dw_regs and (bwd.k, bwd.tpr) == (k, tpr)
+    # Rows outside those ranges, and sm_90, keep their layouts.
     assert Options(kernel="rmsnorm_bwd", n=65536, target="gfx950").layout.k == 16
+    assert Options(kernel="rmsnorm_bwd", n=98304, target="gfx950").layout.k == 24
     sm90 = Options(kernel="rmsnorm_fwd", n=65536).layout
     assert (sm90.block, sm90.k, sm90.vec, sm90.cache_row) == (1024, 16, 4, True)
-    assert Options(kernel="rmsnorm_bwd", n=65536, dtype="f32", wdtype="f32").layout.k < S.AMD_HOIST_K
+    assert Options(kernel="rmsnorm_bwd", n=65536, dtype="f32", wdtype="f32").layout.k < S.AMD_UNROLL_K[4][0]
 
 
 def test_reduce_layout():

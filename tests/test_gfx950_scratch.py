@@ -1,0 +1,38 @@
+"""Every default forward and backward layout on gfx950 compiles without scratch (private segment 0).
+
+LLVM's AMDGPU loop unrolling decides, by body size and trip count, whether the chunk loops of a
+re-read row are fully unrolled; unrolled, it hoists w out of the persistent row loop or merges
+pass 2's loads into pass 1's, and the row spills. The layout policy steers clear of the ranges
+where that happened (specialize.AMD_UNROLL_K, AMD_UNROLL_K_NO_WEIGHT); a kernel change that moves
+the threshold (as the backward's arithmetic change did at N=32768 and 49152) fails here, on the CPU,
+before anyone runs it on an MI355X. One ISA compile per case, about 0.1 s each."""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+
+from normir import compiler
+from normir.specialize import Options, specialize
+
+pytestmark = pytest.mark.cpu
+
+SWEEP_N = (64, 100, 1024, 2048, 2880, 4096, 5120, 7168, 8192, 12288, 16384, 24576, 32768, 49152, 65536, 98304,
+           131072, 262144, 1048576)
+
+
+@pytest.mark.parametrize("has_weight", (True, False), ids=("w", "no-w"))
+@pytest.mark.parametrize("dtype", ("bf16", "f16", "f32"))
+@pytest.mark.parametrize("n", SWEEP_N)
+@pytest.mark.parametrize("kernel", ("rmsnorm_fwd", "rmsnorm_bwd"))
+def test_no_scratch_on_gfx950(kernel, n, dtype, has_weight):
+    opts = Options(kernel=kernel, n=n, dtype=dtype, wdtype=dtype, target="gfx950", has_weight=has_weight,
+                   store_rstd=kernel == "rmsnorm_fwd")
+    isa = compiler.compile_text(specialize(opts), "gfx950", "isa", unroll_limit=opts.layout.unroll_limit).data.decode()
+    scratch = re.search(r"\.private_segment_fixed_size:\s+(\d+)", isa)
+    vgprs = re.search(r"\.vgpr_count:\s+(\d+)", isa)
+    assert scratch and vgprs, "no kernel metadata in the gfx950 ISA"
+    assert scratch.group(1) == "0", (f"{kernel} N={n} {dtype} {'with' if has_weight else 'without'} a weight: "
+                                     f"{scratch.group(1)} bytes of scratch, {vgprs.group(1)} VGPRs "
+                                     f"(layout tpr={opts.layout.tpr}, k={opts.layout.k})")
