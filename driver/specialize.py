@@ -204,7 +204,8 @@ def _bwd_block_layout(n: int, vec: int, held_bytes: int, tgt: targets.Target, tp
 def _bwd_cache_row(opts: Options, lay: Layout, tgt: targets.Target) -> Layout:
     """The backward's CACHE_ROW: forced, or the policy's. Without a weight there are no dw sums,
     and the registers they would take hold the row instead where it fits the budget (unless a
-    forced option needs the row read again)."""
+    forced option needs the row read again); rows that do not fit get AMDGPU's no-weight chunk
+    count (AMD_UNROLL_K_NO_WEIGHT)."""
     if opts.kernel != "rmsnorm_bwd":
         if opts.cache_row != -1:
             raise ValueError(f"cache_row={opts.cache_row}: only the backward ({opts.kernel} is not) takes it; use -1")
