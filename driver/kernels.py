@@ -39,7 +39,7 @@ def _fwd_layout(opts: Options, tgt: Target) -> Layout:
 def _bwd_layout(opts: Options, tgt: Target) -> Layout:
     from .specialize import bwd_layout, held
 
-    return bwd_layout(opts.n, opts.vec, held(opts.dtype), tgt, opts.tpr, opts.cluster)
+    return bwd_layout(opts.n, opts.vec, held(opts.dtype), tgt, opts.tpr, opts.cluster, opts.has_weight)
 
 
 def _reduce_layout(opts: Options, tgt: Target) -> Layout:

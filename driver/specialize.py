@@ -24,12 +24,11 @@ REDUCE_CT, REDUCE_RT = 8, 32
 BWD_OVERHEAD_REGS = 36  # six pointers, three strides and the persistent loop's state
 ROWS_BLOCK = 256  # block size when several rows share a block
 AMD_1024_ROW_ELEMENTS = 64  # row elements a thread of a 1024-thread AMDGPU block may hold
-# AMDGPU backward with the dw sums in memory, per chunk width (elements): the chunks per thread
-# [lo, hi) for which LLVM fully unrolls the chunk loops into a spill, and the count that keeps
-# them rolled (see _bwd_block_layout). Found by compiling every N in every dtype
-# (tests/test_gfx950_scratch.py); without a weight the range differs (_bwd_cache_row).
-AMD_UNROLL_K = {4: (16, 64, 64), 8: (12, 16, 32)}
-AMD_UNROLL_K_NO_WEIGHT = {8: (16, 24, 32)}
+# AMDGPU backward with the dw sums in memory, with and without a weight, per chunk width
+# (elements): the chunks per thread [lo, hi) for which LLVM fully unrolls the chunk loops into a
+# spill, and the count that keeps them rolled (see _bwd_block_layout). Found by compiling every N
+# in every dtype (tests/test_gfx950_scratch.py).
+AMD_UNROLL_K = {True: {4: (16, 64, 64), 8: (12, 16, 32)}, False: {4: (32, 64, 64), 8: (16, 24, 32)}}
 HINTING = ("rmsnorm_fwd", "rmsnorm_bwd")  # kernels with L2 eviction hints
 PREFETCHING = ("rmsnorm_bwd",)  # kernels with the L2 prefetch of the next row
 MAX_STAGE_BYTES = 200 * 1024  # STAGE buffers past this leave too little shared memory
@@ -139,19 +138,21 @@ def _clustered(lay: Layout, c: int) -> Layout:
     return replace(lay, rows=1, cluster=c)  # the cluster piece exchanges one total per block
 
 
-def bwd_layout(n: int, vec: int, held_bytes: int, tgt: targets.Target, tpr: int = 0, cluster: int = 0) -> Layout:
+def bwd_layout(n: int, vec: int, held_bytes: int, tgt: targets.Target, tpr: int = 0, cluster: int = 0,
+               weight: bool = True) -> Layout:
     """The backward's layout: rows whose fp32 dw sums do not fit one block's registers, or need
     more than BWD_SPLIT_DW of them per thread, are split over a thread-block cluster (where the
     target has clusters) until each block's share does; see _bwd_block_layout for a share."""
     def too_big(c: int) -> bool:
-        lay = _bwd_block_layout(n // c, vec, held_bytes, tgt, tpr)
+        lay = _bwd_block_layout(n // c, vec, held_bytes, tgt, tpr, weight)
         return not lay.dw_regs or lay.k * lay.vec > BWD_SPLIT_DW
 
     c = _split(n, vec, tgt, cluster, tpr, too_big)
-    return _clustered(_bwd_block_layout(n // c, vec, held_bytes, tgt, tpr), c)
+    return _clustered(_bwd_block_layout(n // c, vec, held_bytes, tgt, tpr, weight), c)
 
 
-def _bwd_block_layout(n: int, vec: int, held_bytes: int, tgt: targets.Target, tpr: int = 0) -> Layout:
+def _bwd_block_layout(n: int, vec: int, held_bytes: int, tgt: targets.Target, tpr: int = 0,
+                      weight: bool = True) -> Layout:
     """The backward's row layout, from H200 measurements (docs/results/*tune*):
 
     - short rows (<= 256 chunks): 2 chunks per thread, x and dy kept in registers;
@@ -188,12 +189,13 @@ def _bwd_block_layout(n: int, vec: int, held_bytes: int, tgt: targets.Target, tp
     k = -(-nchunk // tpr)
     budget = tgt.reg_budget_bytes(tpr * rows, overhead_regs=BWD_OVERHEAD_REGS)
     dw_regs = k * vec * dw_bytes <= budget
-    lo, hi, rolled_k = AMD_UNROLL_K.get(vec, (0, 0, 0)) if vec == 8 or held_bytes == 4 else (0, 0, 0)
+    lo, hi, rolled_k = AMD_UNROLL_K[weight].get(vec, (0, 0, 0)) if vec == 8 or held_bytes == 4 else (0, 0, 0)
     if tgt.hoists_weight and not forced and not dw_regs and rows == 1 and lo <= k < hi:
-        # LLVM (AMDGPU) fully unrolls the chunk loops of such rows and then hoists every w load
-        # out of the persistent row loop and schedules pass 2's loads early: 256 VGPRs and
-        # 192-680 bytes of scratch (f32 at N=32768, 49152 and 65536; 16-bit at 49152). With
-        # enough chunks per thread the loops stay rolled and nothing spills.
+        # LLVM (AMDGPU) fully unrolls the chunk loops of such rows, then hoists every w load out
+        # of the persistent row loop and schedules pass 2's loads early (with a weight: 192-680
+        # bytes of scratch, f32 at N=32768-65536, 16-bit at 49152), or, with no dw work between
+        # the passes, merges pass 2's loads into pass 1's (x and dy are readonly: 68-88 bytes,
+        # 16-bit at 65536). With enough chunks per thread the loops stay rolled; nothing spills.
         tpr = max(warp, -(-math.ceil(nchunk / rolled_k) // warp) * warp)
         k = -(-nchunk // tpr)
     cache_row = short and k * vec * (4 + 2 * held_bytes) <= budget
@@ -204,8 +206,7 @@ def _bwd_block_layout(n: int, vec: int, held_bytes: int, tgt: targets.Target, tp
 def _bwd_cache_row(opts: Options, lay: Layout, tgt: targets.Target) -> Layout:
     """The backward's CACHE_ROW: forced, or the policy's. Without a weight there are no dw sums,
     and the registers they would take hold the row instead where it fits the budget (unless a
-    forced option needs the row read again); rows that do not fit get AMDGPU's no-weight chunk
-    count (AMD_UNROLL_K_NO_WEIGHT)."""
+    forced option needs the row read again)."""
     if opts.kernel != "rmsnorm_bwd":
         if opts.cache_row != -1:
             raise ValueError(f"cache_row={opts.cache_row}: only the backward ({opts.kernel} is not) takes it; use -1")
@@ -216,12 +217,6 @@ def _bwd_cache_row(opts: Options, lay: Layout, tgt: targets.Target) -> Layout:
         return lay
     budget = tgt.reg_budget_bytes(lay.block, overhead_regs=BWD_OVERHEAD_REGS)
     fits = lay.cluster == 1 and lay.k <= 2 and lay.k * lay.vec * 2 * held(opts.dtype) <= budget
-    lo, hi, rolled_k = AMD_UNROLL_K_NO_WEIGHT.get(lay.vec, (0, 0, 0))
-    if tgt.hoists_weight and not fits and not opts.tpr and lay.rows == 1 and lay.cluster == 1 and lo <= lay.k < hi:
-        # AMDGPU: with no dw work between them, LLVM unrolls the chunk loops of such a row and
-        # merges pass 2's loads into pass 1's (x and dy are readonly), holding the row past the
-        # register file: 68-88 bytes of scratch at N=65536 in bf16/f16. Rolled loops do not.
-        return _bwd_block_layout(opts.n, lay.vec, held(opts.dtype), tgt, lay.tpr * lay.k // rolled_k)
     return replace(lay, cache_row=lay.cache_row or fits)
 
 

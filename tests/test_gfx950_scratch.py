@@ -3,7 +3,7 @@
 LLVM's AMDGPU loop unrolling decides, by body size and trip count, whether the chunk loops of a
 re-read row are fully unrolled; unrolled, it hoists w out of the persistent row loop or merges
 pass 2's loads into pass 1's, and the row spills. The layout policy steers clear of the ranges
-where that happened (specialize.AMD_UNROLL_K, AMD_UNROLL_K_NO_WEIGHT); a kernel change that moves
+where that happened (specialize.AMD_UNROLL_K, with and without a weight); a kernel change that moves
 the threshold (as the backward's arithmetic change did at N=32768 and 49152) fails here, on the CPU,
 before anyone runs it on an MI355X. One ISA compile per case, about 0.1 s each."""
 

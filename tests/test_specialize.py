@@ -507,7 +507,7 @@ def test_amd_layouts_that_spilled():
     assert Options(kernel="rmsnorm_bwd", n=98304, target="gfx950").layout.k == 24
     sm90 = Options(kernel="rmsnorm_fwd", n=65536).layout
     assert (sm90.block, sm90.k, sm90.vec, sm90.cache_row) == (1024, 16, 4, True)
-    assert Options(kernel="rmsnorm_bwd", n=65536, dtype="f32", wdtype="f32").layout.k < S.AMD_UNROLL_K[4][0]
+    assert Options(kernel="rmsnorm_bwd", n=65536, dtype="f32", wdtype="f32").layout.k < S.AMD_UNROLL_K[True][4][0]
 
 
 def test_reduce_layout():
