@@ -33,7 +33,8 @@ HINTING = ("rmsnorm_fwd", "rmsnorm_bwd")  # kernels with L2 eviction hints
 PREFETCHING = ("rmsnorm_bwd",)  # kernels with the L2 prefetch of the next row
 MAX_STAGE_BYTES = 200 * 1024  # STAGE buffers past this leave too little shared memory
 # The backward stages by default only where two blocks' buffers fit a multiprocessor: at N=16384
-# (128 KB, one block) the L2 prefetch with eviction hints beat staging by 9% (docs/results/*tune-v11*).
+# (128 KB, one block) the L2 prefetch with eviction hints beat staging at 512 threads by 9%
+# (docs/results/*tune-v11*); rows of 2048 chunks are staged at 1024 threads instead (_staged).
 STAGE_POLICY_BYTES = 100 * 1024
 STAGING = {"rmsnorm_fwd": 1, "rmsnorm_bwd": 4}  # kernels with a STAGE layout: their buffer count
 MAX_MIN_BLOCKS = 32  # NVVM's .minnctapersm: at most the resident blocks of a multiprocessor
@@ -226,8 +227,10 @@ def _staged(kernel: str, lay: Layout, stage: int, tgt: targets.Target, eb: int, 
     Backward (x, dy through two buffers, both passes read them): rows re-read in pass 2, four or
     more chunks per thread, not split over a cluster. On the H200 (docs/results/*tune-v6*) this
     gained 4-12% at N=7168/8192 and lost 2-6% to the L2 prefetch at 2880/4096 (2 chunks per
-    thread) and 25-30% with clusters (32768/65536); where one block's buffers take more than
-    STAGE_POLICY_BYTES, the L2 prefetch with eviction hints wins.
+    thread) and 25-30% with clusters (32768/65536; 19-22% in *tune-v32* with the next row's
+    copies issued after the cluster barrier's arrive); where one block's buffers take more than
+    STAGE_POLICY_BYTES, the L2 prefetch with eviction hints wins, except for rows of exactly
+    2048 chunks, staged at 1024 threads (see below).
     Forward (persistent grid; the next row lands in one buffer while the current one, held in
     registers, is written): never by default. It lost 4-11% at N=8192-65536 in bf16 and 11%
     at 65536 in f32 to one block per row (docs/results/*tune-v7*); it stays a forced option.
@@ -242,9 +245,26 @@ def _staged(kernel: str, lay: Layout, stage: int, tgt: targets.Target, eb: int, 
                          f"{'yes' if tgt.stage_piece else 'no'}), 16-byte chunks (here {lay.vec * eb}), "
                          f"buffers within {MAX_STAGE_BYTES} bytes, one row per block, and the row "
                          f"{'re-read' if backward else 'held in registers'}")
-    policy = backward and bool(tgt.stage_piece) and fits and held and lay.rows == 1 and lay.cluster == 1 \
-        and lay.k >= 4 and (buffers * lay.k * lay.block * MAX_VECTOR_BYTES <= STAGE_POLICY_BYTES or not weight)
+    stageable = backward and bool(tgt.stage_piece) and fits and held and lay.rows == 1 and lay.cluster == 1 \
+        and lay.k >= 4
+    if stage == -1 and stageable and lay.k == 4 and lay.block == MAX_THREADS // 2 and lay.nchunk == 4 * lay.block:
+        # Rows of exactly 2048 chunks (N=16384 in 16-bit types, 8192 in f32): staged as 1024
+        # threads x 2 chunks (the same 128 KB of buffers, one block per multiprocessor, twice
+        # the warps). On the H200 at six tensor placements each (docs/results/*tune-v32*, -v33):
+        # bf16 16384 3914-3947 GB/s, against 3464-3954 for 512 x 4 with the L2 prefetch (slow
+        # where L2 drops the prefetched lines) and 3719-3729 for 512 x 4 staged; f32 8192
+        # 3918-4018 against 3839-3895. Other widths did not gain: 896 x 2 at 14336 ran 3477-3493
+        # against the prefetch's 3932-3969, 320 x 2 at 5120 3326-3347 against 160 x 4's 3888-3903.
+        return _widened(lay, buffers)
+    policy = stageable and lay.k >= 4 and (buffers * lay.k * lay.block * MAX_VECTOR_BYTES <= STAGE_POLICY_BYTES
+                                           or not weight)
     return replace(lay, stage=policy if stage == -1 else bool(stage), stage_buffers=buffers)
+
+
+def _widened(lay: Layout, buffers: int) -> Layout:
+    """A staged one-row block of twice lay's threads, each with half its chunks (none masked)."""
+    tpr = 2 * lay.tpr
+    return replace(lay, tpr=tpr, k=lay.k // 2, kfull=lay.k // 2, stage=True, stage_buffers=buffers)
 
 
 def _hint_policy(kernel: str, lay: Layout) -> int:

@@ -2,6 +2,7 @@
 
     python scripts/tune.py plan        # print the variants' Options (for `normir aot`)
     python scripts/tune.py run         # on the GPU: GB/s per variant, M*N = 2^27, bf16
+    PLACEMENTS=3 python scripts/tune.py run   # each variant on 3 tensor placements
 
 Each variant is a NORMIR_TPR setting; 0 is the layout policy's own choice. For the backward the
 policy's layout is also timed without a weight (no dw sums, no reduction kernel), which shows
@@ -15,11 +16,9 @@ import os
 import sys
 
 VARIANTS = {  # (op, N, dtype): layouts to compare, as NORMIR_TPR values ("0": the policy's)
-    **{("bwd", n, "bf16"): ("0", "0r0") for n in (1024, 2048, 2880, 4096)},
-    **{("bwd", n, "bf16"): ("0",) for n in (7168, 8192)},
-    ("bwd", 16384, "bf16"): ("0", "0s0"),
-    ("bwd", 32768, "bf16"): ("0", "0o2"),
-    ("bwd", 65536, "bf16"): ("0", "0o2"),
+    ("bwd", 14336, "bf16"): ("0", "448s0"),
+    ("bwd", 8192, "f32"): ("0", "512s0"),
+    ("bwd", 32768, "bf16"): ("0",),
 }
 KERNEL = {"fwd": "rmsnorm_fwd", "bwd": "rmsnorm_bwd"}
 
@@ -50,6 +49,8 @@ def plan() -> list[dict]:
                 bwd = dict(kernel="rmsnorm_bwd", n=n, dtype=dt, wdtype=dt, eps=BWD_KEY_EPS,
                            target="sm_90", vec=vec, **knobs)
                 out += [bwd, {**bwd, "has_weight": False}]
+                out.append(dict(kernel="rmsnorm_dw_reduce", n=n, dtype="f32", wdtype=dt, eps=BWD_KEY_EPS,
+                                target="sm_90", vec=max_vec(n, 4)))
                 out.append({**fwd, "store_rstd": True})
     return out
 
@@ -61,6 +62,22 @@ def _outputs(normir, op: str, x, w, dy) -> tuple:
     return normir.rmsnorm_bwd(x, w, dy, rstd)
 
 
+def _placements(m: int, n: int, tdt, count: int) -> list[tuple]:
+    """count (x, w, dy) sets, with spacers of odd sizes between them so that each pair of x and
+    dy sits at a different offset: some backward layouts are fast or slow by where the tensors
+    sit (docs/results/*16384-address-probe*), so a variant is timed at several."""
+    import torch
+
+    sets, spacers = [], []
+    for i in range(count):
+        if i:
+            spacers.append(torch.empty((3, 7, 1, 10, 5, 2, 9)[(i - 1) % 7] << 20, dtype=torch.uint8, device="cuda"))
+        x = torch.randn((m, n), device="cuda").to(tdt)
+        dy = torch.randn_like(x)
+        sets.append((x, torch.randn(n, device="cuda").to(tdt), dy))
+    return sets
+
+
 def run() -> None:
     import torch
     from triton.testing import do_bench
@@ -68,52 +85,57 @@ def run() -> None:
     import normir
     from normir import launch
 
+    count = int(os.environ.get("PLACEMENTS", "1"))
     results = []
     for (op, n, dt), variants in VARIANTS.items():
         torch.cuda.empty_cache()
         m = (1 << 27) // n
         tdt = {"bf16": torch.bfloat16, "f16": torch.float16, "f32": torch.float32}[dt]
-        x = torch.randn((m, n), device="cuda").to(tdt)
-        w = torch.randn(n, device="cuda").to(tdt)
-        dy = torch.randn_like(x)
-        seen: dict[str, list[float]] = {}
+        sets = _placements(m, n, tdt, count)
+        seen: dict[str, list[str]] = {}
         labels: dict[str, str] = {}
         # Each variant's outputs against the policy's: "=" bit-identical, else the largest difference
         # (a different reduction order may change the last bits; a broken variant shows here).
         os.environ["NORMIR_TPR"] = ""
         launch.clear_handles()
-        ref = _outputs(normir, op, x, w, dy)
+        ref = _outputs(normir, op, *sets[0])
         diffs: dict[str, str] = {}
         # Two rounds, the second in reverse order, so that neither order nor drift favours a variant.
         for order in (list(variants), list(reversed(variants))):
             for variant in order:
                 os.environ["NORMIR_TPR"] = "" if variant == "0" else f"{KERNEL[op]}:{n}={variant}"
                 launch.clear_handles()
-                _, rstd = normir.rmsnorm_fwd(x, w, 1e-6, store_rstd=True)
-                if op == "fwd":
-                    timed = {"": lambda x=x, w=w: normir.rmsnorm_fwd(x, w, 1e-6)}
-                else:
-                    timed = {"": lambda x=x, w=w, dy=dy, rstd=rstd: normir.rmsnorm_bwd(x, w, dy, rstd)}
-                    timed["no-w"] = lambda x=x, dy=dy, rstd=rstd: normir.rmsnorm_bwd(x, None, dy, rstd)
-                nbytes = (2 if op == "fwd" else 3) * m * n * x.element_size()
-                h, lay = launch.handle(KERNEL[op], 0, n, dt, dt, 1e-6, True, False, 16 // x.element_size())
-                got = _outputs(normir, op, x, w, dy)
+                nbytes = (2 if op == "fwd" else 3) * m * n * sets[0][0].element_size()
+                h, lay = launch.handle(KERNEL[op], 0, n, dt, dt, 1e-6, True, False, 16 // sets[0][0].element_size())
+                got = _outputs(normir, op, *sets[0])
                 same = all(torch.equal(a, b) for a, b in zip(got, ref))
                 diffs[variant] = "=" if same else "max diff " + "/".join(
                     f"{(a.float() - b.float()).abs().max().item():.2g}" for a, b in zip(got, ref))
-                for tag, fn in timed.items():
-                    ms = do_bench(fn, warmup=25, rep=100, return_mode="median")
-                    seen.setdefault(variant + tag, []).append(nbytes / ms / 1e6)
-                    labels[variant + tag] = (
-                        f"({lay.tpr}x{lay.cluster},k{lay.k},{'regs' if lay.cache_row else 'stream'}"
-                        f"{',dw' if lay.dw_regs else ''}{',pf' if lay.l2_prefetch else ''}"
-                        f"{',stage' if lay.stage else ''},res{h.resident(132)})")
-                    results.append(dict(op=op, n=n, dtype=dt, variant=variant + tag, layout_tpr=lay.tpr,
-                                        cluster=lay.cluster, l2_prefetch=lay.l2_prefetch, stage=lay.stage,
-                                        k=lay.k, us=ms * 1e3, gbs=nbytes / ms / 1e6))
-        row = [f"{v}{labels[v]} {'/'.join(f'{g:.0f}' for g in gs)}" for v, gs in seen.items()]
+                per: dict[str, list[float]] = {}
+                for p, (x, w, dy) in enumerate(sets):
+                    _, rstd = normir.rmsnorm_fwd(x, w, 1e-6, store_rstd=True)
+                    if op == "fwd":
+                        timed = {"": lambda x=x, w=w: normir.rmsnorm_fwd(x, w, 1e-6)}
+                    else:
+                        timed = {"": lambda x=x, w=w, dy=dy, rstd=rstd: normir.rmsnorm_bwd(x, w, dy, rstd)}
+                        timed["no-w"] = lambda x=x, dy=dy, rstd=rstd: normir.rmsnorm_bwd(x, None, dy, rstd)
+                    for tag, fn in timed.items():
+                        ms = do_bench(fn, warmup=25, rep=100, return_mode="median")
+                        per.setdefault(variant + tag, []).append(nbytes / ms / 1e6)
+                        labels[variant + tag] = (
+                            f"({lay.tpr}x{lay.cluster},k{lay.k},{'regs' if lay.cache_row else 'stream'}"
+                            f"{',dw' if lay.dw_regs else ''}{',pf' if lay.l2_prefetch else ''}"
+                            f"{',stage' if lay.stage else ''},res{h.resident(132)})")
+                        results.append(dict(op=op, n=n, dtype=dt, variant=variant + tag, layout_tpr=lay.tpr,
+                                            cluster=lay.cluster, l2_prefetch=lay.l2_prefetch, stage=lay.stage,
+                                            k=lay.k, placement=p, x_mib=x.data_ptr() >> 20,
+                                            dy_mib=dy.data_ptr() >> 20, us=ms * 1e3, gbs=nbytes / ms / 1e6))
+                for key, gs in per.items():
+                    seen.setdefault(key, []).append(",".join(f"{g:.0f}" for g in gs))
+        row = [f"{v}{labels[v]} {' / '.join(gs)}" for v, gs in seen.items()]
         row.append("outputs vs policy: " + ", ".join(f"{v} {d}" for v, d in diffs.items()))
         print(f"{op} {dt} {m}x{n}: " + " | ".join(row), flush=True)
+        del sets
     os.environ["NORMIR_TPR"] = ""
     out = os.environ.get("OUT", ".")
     with open(os.path.join(out, "tune.json"), "w") as f:

@@ -37,7 +37,8 @@ FORCED_CASES = (
     (2880, "bf16", {"hints": 15}, {"hints": 15}),  # forward row in registers; backward re-read
     (32768, "bf16", {"hints": 3}, {"hints": 15}),  # backward over 2-block clusters
     (8192, "bf16", {"hints": 2, "min_blocks": 4}, {"hints": 2}),  # backward staged: dx stores only
-    (16384, "bf16", {}, {"stage": 1, "hints": 0}),  # the backward's former default (staged, no hints)
+    (16384, "bf16", {}, {"stage": 1, "hints": 0}),  # backward staged at 512 threads x 4 chunks, no hints
+    (16384, "bf16", {}, {"stage": 0}),  # the backward's former default: re-read with the L2 prefetch
     (262144, "bf16", {"cluster": 1, "hints": 15}, {"hints": 3}),  # forward re-read: pass 1 keeps the row
     (65536, "bf16", {}, {"overlap": 4}),  # backward over a cluster: all of pass 2's loads inside the barrier
     (32768, "f16", {}, {"overlap": 1, "hints": 0}),  # one chunk inside the barrier, no hints

@@ -177,7 +177,8 @@ BWD_CASES = [
     ("sm_90", 1024, "bf16", 8, {"warps"}),
     ("sm_90", 2880, "bf16", 8, {"warps", "tail"}),  # tail chunk
     ("sm_90", 8192, "f32", 4, {"warps"}),  # f32
-    ("sm_90", 16384, "bf16", 8, {"warps", "stream"}),  # x and dy re-read, dw sums in registers
+    ("sm_90", 16384, "bf16", 8, {"warps", "stream"}),  # x and dy staged, dw sums in registers
+    ("sm_90", 14336, "bf16", 8, {"warps", "stream"}),  # x and dy re-read (L2 prefetch)
     ("gfx950", 16384, "bf16", 8, {"warps"}),
     ("sm_90", 32768, "bf16", 8, {"warps", "stream", "cluster"}),  # two blocks share a row's dw sums
     ("sm_80", 65536, "bf16", 8, {"warps", "stream", "dwmem"}),  # no clusters: dw sums in memory too
@@ -355,7 +356,8 @@ def test_hint_policy():
     def hints(kernel="rmsnorm_bwd", **kw):
         return Options(kernel=kernel, **{"n": 4096, **kw}).layout.hints
 
-    assert hints() == hints(n=2880) == hints(n=16384) == HINT_LAST_READ | HINT_STORES == 3
+    assert hints() == hints(n=2880) == hints(n=14336) == hints(n=16384, stage=0) == HINT_LAST_READ | HINT_STORES == 3
+    assert hints(n=16384) == 0  # staged
     assert hints(n=8192) == 0  # staged
     assert hints(n=32768) == hints(n=65536) == HINT_STORES  # a cluster: stores only
     assert hints(n=2048) == 0  # held in registers
@@ -425,7 +427,7 @@ def test_no_weight_policy():
         return Options(kernel="rmsnorm_bwd", n=n, has_weight=False, **kw).layout
 
     assert lay(2880).cache_row and lay(4096).cache_row and not Options(kernel="rmsnorm_bwd", n=4096).layout.cache_row
-    assert lay(8192).stage and lay(16384).stage and not Options(kernel="rmsnorm_bwd", n=16384).layout.stage
+    assert lay(8192).stage and lay(14336).stage and not Options(kernel="rmsnorm_bwd", n=14336).layout.stage
     assert lay(32768).overlap == lay(65536).overlap == 4 and not lay(32768).cache_row
     assert not lay(16384, target="gfx950").stage  # no asynchronous copies there
     # gfx950, 16-bit N=65536: 32 chunks per thread, where LLVM keeps the loops rolled (no scratch).
@@ -463,14 +465,25 @@ def test_stage_policy():
     # the chunks are 16 bytes; the buffers' size is the launch's dynamic shared memory.
     lay = Options(kernel="rmsnorm_bwd", n=8192).layout
     assert lay.stage and not lay.l2_prefetch and lay.smem_bytes == 4 * lay.k * lay.block * 16 == 65536
-    # One block's buffers past STAGE_POLICY_BYTES (N=16384: 128 KB): prefetch and hints instead,
+    # One block's buffers past STAGE_POLICY_BYTES (N=14336: 112 KB): prefetch and hints instead,
     # unless forced.
-    assert not Options(kernel="rmsnorm_bwd", n=16384).layout.stage
-    assert Options(kernel="rmsnorm_bwd", n=16384, stage=1).layout.smem_bytes == 131072
+    assert not Options(kernel="rmsnorm_bwd", n=14336).layout.stage
+    assert Options(kernel="rmsnorm_bwd", n=14336, stage=1).layout.smem_bytes == 4 * 4 * 448 * 16
+    # Rows of exactly 2048 chunks: the same 128 KB of buffers, at 1024 threads x 2 chunks.
+    for kw in (dict(n=16384), dict(n=16384, has_weight=False), dict(n=16384, dtype="f16", wdtype="f32"),
+               dict(n=8192, dtype="f32", wdtype="f32")):
+        wide = Options(kernel="rmsnorm_bwd", **kw).layout
+        assert (wide.stage, wide.block, wide.k, wide.kfull, wide.smem_bytes, wide.l2_prefetch) == \
+            (True, 1024, 2, 2, 131072, False)
+    forced = Options(kernel="rmsnorm_bwd", n=16384, stage=1).layout  # forced: the layout stays
+    assert (forced.block, forced.k, forced.smem_bytes) == (512, 4, 131072)
+    assert Options(kernel="rmsnorm_bwd", n=16384, tpr=512, stage=0).layout.block == 512
+    assert not Options(kernel="rmsnorm_bwd", n=16384, target="gfx950").layout.stage
     assert not Options(kernel="rmsnorm_bwd", n=2880).layout.stage  # two chunks per thread
     assert not Options(kernel="rmsnorm_bwd", n=32768).layout.stage  # split over a cluster
     assert Options(kernel="rmsnorm_bwd", n=32768, stage=1).layout.stage
-    assert Options(kernel="rmsnorm_bwd", n=16384, stage=0).layout.l2_prefetch  # the fallback prefetches
+    assert Options(kernel="rmsnorm_bwd", n=14336, stage=0).layout.l2_prefetch  # the fallback prefetches
+    assert Options(kernel="rmsnorm_bwd", n=16384, stage=0).layout.l2_prefetch
     assert not Options(kernel="rmsnorm_bwd", n=1024).layout.stage  # held in registers
     assert not Options(kernel="rmsnorm_bwd", n=8192, vec=4).layout.stage  # 8-byte chunks
     assert not Options(kernel="rmsnorm_bwd", n=8192, target="gfx950").layout.stage
