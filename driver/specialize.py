@@ -112,7 +112,13 @@ def _pow2_ceil(x: int) -> int:
 
 
 def _forced(nchunk: int, tpr: int, warp: int) -> tuple[int, int]:
-    """(tpr, rows) for an explicitly chosen threads-per-row."""
+    """(tpr, rows) for an explicitly chosen threads-per-row. Every thread must own a chunk: with
+    threads that own none, LLVM may duplicate the row reduction (shuffles and barriers) into a
+    branch of its own for them, which hung the H200 (rmsnorm_bwd, N=2880, 384 threads, staged,
+    no weight). The policy's layouts never leave a thread without a chunk."""
+    if tpr > nchunk:
+        raise ValueError(f"tpr={tpr} leaves threads without a chunk: the row (or a cluster block's share) has "
+                         f"{nchunk} chunks; choose tpr <= {nchunk}, or a narrower vector (vec) for more chunks")
     return tpr, (max(1, ROWS_BLOCK // tpr) if tpr <= warp else 1)
 
 

@@ -12,14 +12,12 @@ from __future__ import annotations
 import re
 
 import pytest
+from test_barriers import SWEEP_N, check_barriers, isa_of
 
-from normir import compiler
-from normir.specialize import Options, specialize
+from normir.specialize import Options
 
 pytestmark = pytest.mark.cpu
 
-SWEEP_N = (64, 100, 1024, 2048, 2880, 4096, 5120, 7168, 8192, 12288, 16384, 24576, 32768, 49152, 65536, 98304,
-           131072, 262144, 1048576)
 
 
 @pytest.mark.parametrize("has_weight", (True, False), ids=("w", "no-w"))
@@ -29,7 +27,8 @@ SWEEP_N = (64, 100, 1024, 2048, 2880, 4096, 5120, 7168, 8192, 12288, 16384, 2457
 def test_no_scratch_on_gfx950(kernel, n, dtype, has_weight):
     opts = Options(kernel=kernel, n=n, dtype=dtype, wdtype=dtype, target="gfx950", has_weight=has_weight,
                    store_rstd=kernel == "rmsnorm_fwd")
-    isa = compiler.compile_text(specialize(opts), "gfx950", "isa", unroll_limit=opts.layout.unroll_limit).data.decode()
+    isa = isa_of(opts)
+    check_barriers(opts, isa)  # the block reduction's barriers, once each (see test_barriers.py)
     scratch = re.search(r"\.private_segment_fixed_size:\s+(\d+)", isa)
     vgprs = re.search(r"\.vgpr_count:\s+(\d+)", isa)
     assert scratch and vgprs, "no kernel metadata in the gfx950 ISA"

@@ -291,6 +291,11 @@ def test_forced_tpr(kernel, target):
     warp = targets.get(target).warp
     for n in (1, 100, 2880, 4096, 65536):
         for tpr in (1, 8, warp // 2, warp, 3 * warp, 1024):
+            nchunk = n // S.max_vec(n, 2)
+            if tpr > nchunk:  # threads without a chunk: refused (see specialize._forced)
+                with pytest.raises(ValueError, match=rf"^tpr={tpr} leaves threads without a chunk: .* {nchunk} chunks"):
+                    Options(kernel=kernel, n=n, target=target, tpr=tpr)
+                continue
             o = Options(kernel=kernel, n=n, target=target, tpr=tpr)
             assert o.layout.tpr == tpr
             assert (o.layout.rows > 1) == (tpr <= warp)

@@ -1,0 +1,45 @@
+"""Every default forward and backward layout keeps its block reduction's barriers where the
+kernel text puts them: two per row for rows of several warps, none for rows within one warp.
+
+A barrier LLVM duplicates into both arms of a per-thread branch is undefined behaviour: `bar.sync`
+is warp-aligned on NVIDIA, and on AMD a wave whose lanes take both arms executes `s_barrier`
+twice. On the H200 such a copy hung a forced layout whose spare threads owned no chunk (now
+refused by specialize._forced). One ISA compile per case, about 0.1 s each."""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+
+from normir import compiler
+from normir.specialize import Options, specialize
+
+pytestmark = pytest.mark.cpu
+
+SWEEP_N = (64, 100, 1024, 2048, 2880, 4096, 5120, 7168, 8192, 12288, 16384, 24576, 32768, 49152, 65536, 98304,
+           131072, 262144, 1048576)
+BARRIER = {"sm_90": re.compile(r"\b(?:bar|barrier)\.sync\b"), "gfx950": re.compile(r"\bs_barrier\b")}
+
+
+def isa_of(opts: Options) -> str:
+    return compiler.compile_text(specialize(opts), opts.target, "isa", unroll_limit=opts.layout.unroll_limit).data.decode()
+
+
+def check_barriers(opts: Options, isa: str) -> None:
+    lay = opts.layout
+    want = 2 if lay.tpr > lay.warp else 0
+    got = len(BARRIER[opts.target].findall(isa))
+    assert got == want, (f"{opts.kernel} N={opts.n} {opts.dtype} {'with' if opts.has_weight else 'without'} a "
+                         f"weight on {opts.target}: {got} block barriers, expected {want} (tpr={lay.tpr}, k={lay.k}, "
+                         f"kfull={lay.kfull}); LLVM duplicated the reduction into a branch")
+
+
+@pytest.mark.parametrize("has_weight", (True, False), ids=("w", "no-w"))
+@pytest.mark.parametrize("dtype", ("bf16", "f16", "f32"))
+@pytest.mark.parametrize("n", SWEEP_N)
+@pytest.mark.parametrize("kernel", ("rmsnorm_fwd", "rmsnorm_bwd"))
+def test_reduction_barriers_sm90(kernel, n, dtype, has_weight):
+    opts = Options(kernel=kernel, n=n, dtype=dtype, wdtype=dtype, target="sm_90", has_weight=has_weight,
+                   store_rstd=kernel == "rmsnorm_fwd")
+    check_barriers(opts, isa_of(opts))
