@@ -16,9 +16,8 @@ import os
 import sys
 
 VARIANTS = {  # (op, N, dtype): layouts to compare, as NORMIR_TPR values ("0": the policy's)
-    ("bwd", 14336, "bf16"): ("0", "448s0"),
-    ("bwd", 8192, "f32"): ("0", "512s0"),
-    ("bwd", 32768, "bf16"): ("0",),
+    ("fwd", 65536, "bf16"): ("0", "1024v8", "0h2"),
+    ("fwd", 8192, "bf16"): ("0", "512"),
 }
 KERNEL = {"fwd": "rmsnorm_fwd", "bwd": "rmsnorm_bwd"}
 
