@@ -167,7 +167,8 @@ def main(argv: list[str] | None = None) -> int:
     c.add_argument("--overlap", type=int, default=-1,
                    help="backward over a cluster: pass 2's chunks loaded between the barrier's arrive and wait")
     c.add_argument("--cache-row", type=int, default=-1, choices=(-1, 0, 1),
-                   help="backward: hold x and dy in registers between the passes (1) or read them again (0)")
+                   help="hold the row (x; the backward's x and dy) in registers between the passes (1) or "
+                        "read it again (0)")
     c.add_argument("--set", action="append", metavar="NAME=VALUE", help="override a placeholder")
     c.add_argument("--emit", default="isa", choices=["input", "unroll", "llvm", "isa", "bin"])
     c.add_argument("-o", "--output")

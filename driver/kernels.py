@@ -28,12 +28,9 @@ class KernelSpec:
 
 
 def _fwd_layout(opts: Options, tgt: Target) -> Layout:
-    from .specialize import DTYPES, held, row_layout
+    from .specialize import fwd_layout
 
-    # 8-byte chunks where the policy prefers them, unless a forced option needs 16-byte ones.
-    narrow = opts.stage != 1 and opts.hints <= 0
-    return row_layout(opts.n, opts.vec, held(opts.dtype), tgt, opts.tpr, DTYPES[opts.wdtype], opts.cluster,
-                      narrow=narrow)
+    return fwd_layout(opts, tgt)
 
 
 def _bwd_layout(opts: Options, tgt: Target) -> Layout:

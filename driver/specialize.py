@@ -36,6 +36,7 @@ MAX_STAGE_BYTES = 200 * 1024  # STAGE buffers past this leave too little shared 
 # (128 KB, one block) the L2 prefetch with eviction hints beat staging at 512 threads by 9%
 # (docs/results/*tune-v11*); rows of 2048 chunks are staged at 1024 threads instead (_staged).
 STAGE_POLICY_BYTES = 100 * 1024
+FWD_STREAM_CHUNKS = (128, 4096)  # rows the forward reads twice with L2 hints (see _fwd_streamed)
 STAGING = {"rmsnorm_fwd": 1, "rmsnorm_bwd": 4}  # kernels with a STAGE layout: their buffer count
 MAX_MIN_BLOCKS = 32  # NVVM's .minnctapersm: at most the resident blocks of a multiprocessor
 # Options.hints bits (see mlir/common/cache_hint_nvvm.mlir): a row's last read asks L2 to evict
@@ -210,13 +211,22 @@ def _bwd_block_layout(n: int, vec: int, held_bytes: int, tgt: targets.Target, tp
                   cache_row=cache_row, warp=warp, prefetch_w=False, dw_regs=dw_regs)
 
 
-def _bwd_cache_row(opts: Options, lay: Layout, tgt: targets.Target) -> Layout:
-    """The backward's CACHE_ROW: forced, or the policy's. Without a weight there are no dw sums,
-    and the registers they would take hold the row instead where it fits the budget (unless a
-    forced option needs the row read again)."""
+def _cache_row(opts: Options, lay: Layout, tgt: targets.Target) -> Layout:
+    """CACHE_ROW: forced, or the policy's. The forward's policy is in fwd_layout; forced, 0 reads
+    the row again in pass 2 and 1 needs a row that fits the registers. The backward: without a
+    weight there are no dw sums, and the registers they would take hold the row instead where
+    it fits the budget (unless a forced option needs the row read again)."""
+    if opts.kernel == "rmsnorm_fwd":
+        if opts.cache_row == 0:
+            return replace(lay, cache_row=False, prefetch_w=False)
+        if opts.cache_row == 1 and not lay.cache_row:
+            raise ValueError(f"cache_row=1: a row of N={opts.n} ({lay.k} chunks per thread) does not fit the "
+                             f"registers of {opts.target}; use -1 or 0")
+        return lay
     if opts.kernel != "rmsnorm_bwd":
         if opts.cache_row != -1:
-            raise ValueError(f"cache_row={opts.cache_row}: only the backward ({opts.kernel} is not) takes it; use -1")
+            raise ValueError(f"cache_row={opts.cache_row}: only the forward and the backward take it "
+                             f"({opts.kernel} does not); use -1")
         return lay
     if opts.cache_row != -1:
         return replace(lay, cache_row=bool(opts.cache_row))
@@ -282,14 +292,15 @@ def _hint_policy(kernel: str, lay: Layout) -> int:
       registers (1024, 2048) that lost 4%, and keeping pass 1's lines (evict_last) added nothing;
     - backward rows split over a cluster (32768, 65536): dx stores only (+1.3/+2.2% and +0.2/
       +0.3% in two runs, docs/results/*tune-v14*); the load hints lost 1-6% there;
-    - the forward: none. Load hints lost 1-9%; store hints lost about 1% on most rows and gained
-      0.3-1.5% at N=65536 in bf16, where 8-byte chunks (see row_layout) gained more.
+    - the forward: what fwd_layout put in the layout (its streamed rows: pass 1 keeps, pass 2's
+      reads evict first). On rows held in registers, load hints lost 1-9% and store hints about
+      1% (0.3-1.5% gained at N=65536 in bf16, where 8-byte chunks gained more).
     """
     if kernel == "rmsnorm_bwd":
         if lay.cache_row or lay.stage:
             return 0
         return HINT_STORES if lay.cluster > 1 else HINT_LAST_READ | HINT_STORES
-    return 0
+    return lay.hints
 
 
 def reduce_layout(n: int, vec: int, warp: int) -> Layout:
@@ -302,6 +313,38 @@ def held(dtype: str) -> int:
     """Register bytes per element of a row held across the reduction: bf16 stays packed (the
     late_ext piece keeps LLVM from holding fp32 copies), f16 and f32 are held as fp32."""
     return 2 if dtype == "bf16" else 4
+
+
+def fwd_layout(opts: Options, tgt: targets.Target) -> Layout:
+    """The forward's layout: row_layout's, or on targets with L2 eviction hints the streamed row
+    (_fwd_streamed) where nothing forced says otherwise."""
+    # 8-byte chunks where the policy prefers them, unless a forced option needs 16-byte ones.
+    narrow = opts.stage != 1 and opts.hints <= 0
+    lay = row_layout(opts.n, opts.vec, held(opts.dtype), tgt, opts.tpr, DTYPES[opts.wdtype], opts.cluster,
+                     narrow=narrow)
+    policy = opts.tpr == 0 and opts.cluster == 0 and opts.stage != 1 and opts.hints == -1 and opts.cache_row == -1
+    if policy and tgt.hint_piece is not None and lay.cluster == 1 and lay.vec * DTYPES[opts.dtype] == MAX_VECTOR_BYTES \
+            and FWD_STREAM_CHUNKS[0] <= lay.nchunk <= FWD_STREAM_CHUNKS[1]:
+        return _fwd_streamed(lay)
+    return lay
+
+
+def _fwd_streamed(lay: Layout) -> Layout:
+    """A row of 128-4096 16-byte chunks, read twice: pass 1 asks L2 to keep its lines
+    (evict_last), pass 2 reads them again (its last use: evict_first) and writes y, with 2
+    chunks per thread up to 512 threads, then 4 up to 1024. Fewer live registers and short
+    blocks beat holding the row (the way Inductor's kernels read it). On the H200 (bf16,
+    docs/results/*tune-v36*, -v37*, two placements x two rounds), GB/s against the row held in
+    registers: 1024 4121-4141 vs 4052-4092, 2048 4120-4148 vs 4068-4094, 2880 4134-4156 vs
+    4014-4043, 4096 4124-4148 vs 3962-3989, 7168 4079-4102 vs 4022-4045, 8192 4134-4160 vs
+    3969-3994, 16384 4017-4037 vs 3948-3970, 32768 4022-4044 vs 3945-3962. Not kept: the same
+    without hints (8192: 3950-3962), 4 chunks at 256 threads for 8192 (3868-3905), 2 at 1024
+    threads for 16384 (3782-3797), one chunk per thread (4096: 3429-3456), N=65536 (8192 chunks:
+    3346-3372 vs 3911-3942 held in 8-byte chunks)."""
+    k = 2 if lay.nchunk <= 2 * (MAX_THREADS // 2) else 4
+    tpr = -(-math.ceil(lay.nchunk / k) // lay.warp) * lay.warp
+    return replace(lay, tpr=tpr, rows=1, k=-(-lay.nchunk // tpr), kfull=lay.nchunk // tpr, cache_row=False,
+                   prefetch_w=False, hints=HINT_LAST_READ | HINT_KEEP)
 
 
 def row_layout(n: int, vec: int, held_bytes: int, tgt: targets.Target, tpr: int = 0, w_bytes: int = 2,
@@ -391,7 +434,7 @@ class Options:
     min_blocks: int = 0  # NVVM: blocks per multiprocessor the register allocation must allow; 0: none
     hints: int = -1  # cache hints, a sum of the HINT_* bits (0: none); -1: the policy's
     overlap: int = -1  # backward over a cluster: pass 2's chunks loaded inside the barrier (0: none); -1: the policy's
-    cache_row: int = -1  # backward, 1/0: x and dy held in registers between the passes, or read again; -1: the policy's
+    cache_row: int = -1  # 1/0: the row (x, and dy) held in registers between the passes, or read again; -1: policy
     layout: Layout = field(init=False, compare=False, repr=False)
 
     def __post_init__(self) -> None:
@@ -437,7 +480,7 @@ class Options:
         if self.min_blocks and not tgt.min_blocks_attr:
             raise ValueError(f"min_blocks={self.min_blocks}: {self.target} has no blocks-per-multiprocessor bound; use 0")
         spec = KERNELS[self.kernel]
-        lay = _bwd_cache_row(self, spec.layout(self, tgt), tgt)
+        lay = _cache_row(self, spec.layout(self, tgt), tgt)
         if self.kernel in STAGING:
             lay = _staged(self.kernel, lay, self.stage, tgt, DTYPES[self.dtype], self.has_weight)
         elif self.stage == 1:

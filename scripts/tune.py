@@ -16,8 +16,9 @@ import os
 import sys
 
 VARIANTS = {  # (op, N, dtype): layouts to compare, as NORMIR_TPR values ("0": the policy's)
-    ("fwd", 65536, "bf16"): ("0", "1024v8", "0h2"),
-    ("fwd", 8192, "bf16"): ("0", "512"),
+    ("fwd", 4096, "bf16"): ("0", "0r1"),
+    ("fwd", 7168, "bf16"): ("0", "224h5r0", "0r1"),
+    ("bwd", 16384, "bf16"): ("0", "0s0"),
 }
 KERNEL = {"fwd": "rmsnorm_fwd", "bwd": "rmsnorm_bwd"}
 

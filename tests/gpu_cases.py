@@ -42,7 +42,8 @@ FORCED_CASES = (
     (262144, "bf16", {"cluster": 1, "hints": 15}, {"hints": 3}),  # forward re-read: pass 1 keeps the row
     (65536, "bf16", {}, {"overlap": 4}),  # backward over a cluster: all of pass 2's loads inside the barrier
     (32768, "f16", {}, {"overlap": 1, "hints": 0}),  # one chunk inside the barrier, no hints
-    (4096, "bf16", {}, {"cache_row": 1}),  # backward row held in registers with a weight too
+    (4096, "bf16", {"cache_row": 1}, {"cache_row": 1}),  # forward and backward rows held in registers
+    (8192, "f32", {"cache_row": 1}, {}),  # the forward's former f32 default, held
     (16384, "f16", {}, {"cache_row": 0}),  # without a weight: re-read, not staged
 )
 # (N, dtype) for the backward without a weight, whose policy differs (specialize._bwd_cache_row):

@@ -11,7 +11,7 @@ import pytest
 from normir import specialize as S
 from normir import targets
 from normir.kernels import KERNELS
-from normir.specialize import HINT_LAST_READ, HINT_STORES, MAX_N, Options, SpecializationError
+from normir.specialize import HINT_KEEP, HINT_LAST_READ, HINT_STORES, MAX_N, Options, SpecializationError
 
 pytestmark = pytest.mark.cpu
 
@@ -367,7 +367,12 @@ def test_hint_policy():
     assert hints(n=32768) == hints(n=65536) == HINT_STORES  # a cluster: stores only
     assert hints(n=2048) == 0  # held in registers
     assert hints(n=16384, stage=1) == 0
-    assert hints("rmsnorm_fwd", n=65536) == hints("rmsnorm_fwd", n=32768) == hints("rmsnorm_fwd") == 0
+    # The forward: rows of 128-4096 chunks are streamed, pass 1 keeping its lines and pass 2's
+    # reads evicting them first; rows held in registers get none.
+    assert hints("rmsnorm_fwd", n=32768) == hints("rmsnorm_fwd") == hints("rmsnorm_fwd", n=1024) == \
+        HINT_LAST_READ | HINT_KEEP == 5
+    assert hints("rmsnorm_fwd", n=65536) == hints("rmsnorm_fwd", n=512) == hints("rmsnorm_fwd", cache_row=1) == 0
+    assert hints("rmsnorm_fwd", tpr=256) == hints("rmsnorm_fwd", hints=0) == 0  # forced: no streaming
     assert hints("rmsnorm_fwd", n=32768, hints=2) == 2
     assert hints(target="gfx950") == hints(vec=4) == hints(n=4095) == 0  # no hints there
     assert hints(hints=0) == 0 and hints(n=8192, hints=15) == 15
@@ -443,8 +448,13 @@ def test_no_weight_policy():
     assert Options(kernel="rmsnorm_bwd", n=4096, cache_row=1).layout.cache_row
     with pytest.raises(ValueError, match=r"^cache_row=2: choose 1"):
         Options(kernel="rmsnorm_bwd", n=4096, cache_row=2)
-    with pytest.raises(ValueError, match=r"^cache_row=1: only the backward"):
-        Options(kernel="rmsnorm_fwd", n=4096, cache_row=1)
+    # The forward takes it too: 0 streams any row, 1 needs a row that fits the registers.
+    assert Options(kernel="rmsnorm_fwd", n=4096, cache_row=1).layout.cache_row
+    assert not Options(kernel="rmsnorm_fwd", n=65536, cache_row=0).layout.cache_row
+    with pytest.raises(ValueError, match=r"^cache_row=1: a row of N=1048576 .* does not fit the registers of sm_90"):
+        Options(kernel="rmsnorm_fwd", n=MAX_N, dtype="f32", wdtype="f32", cache_row=1)
+    with pytest.raises(ValueError, match=r"^cache_row=1: only the forward and the backward take it"):
+        Options(kernel="rmsnorm_dw_reduce", n=4096, dtype="f32", cache_row=1)
 
 
 @pytest.mark.parametrize("name", ("l2_prefetch", "stage", "min_blocks", "hints", "overlap", "cache_row"))
