@@ -22,6 +22,19 @@ SWEEP_N = (64, 100, 1024, 2048, 2880, 4096, 5120, 7168, 8192, 12288, 16384, 2457
 BARRIER = {"sm_90": re.compile(r"\b(?:bar|barrier)\.sync\b"), "gfx950": re.compile(r"\bs_barrier\b")}
 
 
+def sweep(test):
+    """Parametrize test(kernel, n, dtype, has_weight) over every default layout of the sweep."""
+    test = pytest.mark.parametrize("has_weight", (True, False), ids=("w", "no-w"))(test)
+    test = pytest.mark.parametrize("dtype", ("bf16", "f16", "f32"))(test)
+    test = pytest.mark.parametrize("n", SWEEP_N)(test)
+    return pytest.mark.parametrize("kernel", ("rmsnorm_fwd", "rmsnorm_bwd"))(test)
+
+
+def sweep_options(kernel: str, n: int, dtype: str, has_weight: bool, target: str) -> Options:
+    return Options(kernel=kernel, n=n, dtype=dtype, wdtype=dtype, target=target, has_weight=has_weight,
+                   store_rstd=kernel == "rmsnorm_fwd")
+
+
 def isa_of(opts: Options) -> str:
     return compiler.compile_text(specialize(opts), opts.target, "isa", unroll_limit=opts.layout.unroll_limit).data.decode()
 
@@ -35,11 +48,7 @@ def check_barriers(opts: Options, isa: str) -> None:
                          f"kfull={lay.kfull}); LLVM duplicated the reduction into a branch")
 
 
-@pytest.mark.parametrize("has_weight", (True, False), ids=("w", "no-w"))
-@pytest.mark.parametrize("dtype", ("bf16", "f16", "f32"))
-@pytest.mark.parametrize("n", SWEEP_N)
-@pytest.mark.parametrize("kernel", ("rmsnorm_fwd", "rmsnorm_bwd"))
+@sweep
 def test_reduction_barriers_sm90(kernel, n, dtype, has_weight):
-    opts = Options(kernel=kernel, n=n, dtype=dtype, wdtype=dtype, target="sm_90", has_weight=has_weight,
-                   store_rstd=kernel == "rmsnorm_fwd")
+    opts = sweep_options(kernel, n, dtype, has_weight, "sm_90")
     check_barriers(opts, isa_of(opts))

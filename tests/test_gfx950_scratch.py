@@ -12,21 +12,15 @@ from __future__ import annotations
 import re
 
 import pytest
-from test_barriers import SWEEP_N, check_barriers, isa_of
-
-from normir.specialize import Options
+from test_barriers import check_barriers, isa_of, sweep, sweep_options
 
 pytestmark = pytest.mark.cpu
 
 
 
-@pytest.mark.parametrize("has_weight", (True, False), ids=("w", "no-w"))
-@pytest.mark.parametrize("dtype", ("bf16", "f16", "f32"))
-@pytest.mark.parametrize("n", SWEEP_N)
-@pytest.mark.parametrize("kernel", ("rmsnorm_fwd", "rmsnorm_bwd"))
+@sweep
 def test_no_scratch_on_gfx950(kernel, n, dtype, has_weight):
-    opts = Options(kernel=kernel, n=n, dtype=dtype, wdtype=dtype, target="gfx950", has_weight=has_weight,
-                   store_rstd=kernel == "rmsnorm_fwd")
+    opts = sweep_options(kernel, n, dtype, has_weight, "gfx950")
     isa = isa_of(opts)
     check_barriers(opts, isa)  # the block reduction's barriers, once each (see test_barriers.py)
     scratch = re.search(r"\.private_segment_fixed_size:\s+(\d+)", isa)
