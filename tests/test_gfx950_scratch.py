@@ -17,7 +17,6 @@ from test_barriers import check_barriers, isa_of, sweep, sweep_options
 pytestmark = pytest.mark.cpu
 
 
-
 @sweep
 def test_no_scratch_on_gfx950(kernel, n, dtype, has_weight):
     opts = sweep_options(kernel, n, dtype, has_weight, "gfx950")
