@@ -16,9 +16,8 @@ import os
 import sys
 
 VARIANTS = {  # (op, N, dtype): layouts to compare, as NORMIR_TPR values ("0": the policy's)
-    ("fwd", 4096, "bf16"): ("0", "0r1"),
-    ("fwd", 7168, "bf16"): ("0", "224h5r0", "0r1"),
-    ("bwd", 16384, "bf16"): ("0", "0s0"),
+    ("fwd", 65536, "bf16"): ("0", "512x4h5r0", "1024x2h5r0", "512x2h5r0"),
+    ("fwd", 32768, "bf16"): ("0", "512x2h5r0"),
 }
 KERNEL = {"fwd": "rmsnorm_fwd", "bwd": "rmsnorm_bwd"}
 
