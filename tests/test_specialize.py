@@ -627,3 +627,22 @@ def test_specialize_values_follow_options():
     assert "%has_weight = arith.constant true" in a and "%has_weight = arith.constant false" in b
     assert "memref<4096xf16>" in b and "memref<4096xf32>" in b and "arith.extf" in b
     assert "vector<8xbf16>" in a and "arith.extf" in a
+
+
+def test_fwd_streamed_policy():
+    # On targets with L2 hints, forward rows of 128-4096 16-byte chunks are read twice (2 chunks
+    # per thread up to 512 threads, then 4); shorter and longer rows, narrower vectors, gfx950 and
+    # anything forced keep the row in registers.
+    def lay(n, **kw):
+        return Options(kernel="rmsnorm_fwd", n=n, **kw).layout
+
+    streamed = {1024: (64, 2), 2880: (192, 2), 8192: (512, 2), 12288: (384, 4), 32768: (1024, 4)}
+    for n, (tpr, k) in streamed.items():
+        got = lay(n)
+        assert (got.tpr, got.k, got.rows, got.cache_row, got.prefetch_w, got.hints) == (tpr, k, 1, False, False, 5)
+    assert lay(16384, dtype="f32", wdtype="f32").tpr == 1024 and not lay(16384, dtype="f32", wdtype="f32").cache_row
+    assert not lay(4096, target="sm_80").cache_row  # every NVVM target with the hint piece
+    for held_row in (lay(1016), lay(32776), lay(16392, dtype="f32", wdtype="f32"), lay(4096, vec=4),
+                     lay(4096, target="gfx950"), lay(4096, tpr=256), lay(4096, hints=0), lay(4096, cache_row=1)):
+        assert held_row.cache_row and held_row.hints == 0
+    assert lay(65536).cache_row and lay(65536).vec == 4  # 8-byte chunks, held
