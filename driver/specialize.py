@@ -476,7 +476,7 @@ class Options:
                    f"{HINT_STORES} (stores evict first), {HINT_KEEP} (reads repeated later evict last) and "
                    f"{HINT_COHERENT} (no .nc loads)")
         _check_int("cache_row", self.cache_row, -1, 1,
-                   "choose 1 (x and dy held in registers), 0 (read again) or -1 (the policy's)")
+                   "choose 1 (the row held in registers), 0 (read again) or -1 (the policy's)")
         if self.min_blocks and not tgt.min_blocks_attr:
             raise ValueError(f"min_blocks={self.min_blocks}: {self.target} has no blocks-per-multiprocessor bound; use 0")
         spec = KERNELS[self.kernel]

@@ -16,8 +16,10 @@ import os
 import sys
 
 VARIANTS = {  # (op, N, dtype): layouts to compare, as NORMIR_TPR values ("0": the policy's)
-    ("fwd", 65536, "bf16"): ("0", "512x4h5r0", "1024x2h5r0", "512x2h5r0"),
-    ("fwd", 32768, "bf16"): ("0", "512x2h5r0"),
+    # This session's policy choices against what they replaced (run with PLACEMENTS=3 or more):
+    ("fwd", 4096, "bf16"): ("0", "0r1"),  # streamed row against the row held in registers
+    ("fwd", 8192, "bf16"): ("0", "0r1"),
+    ("bwd", 16384, "bf16"): ("0", "0s0"),  # 1024 x 2 staged against 512 x 4 with the L2 prefetch
 }
 KERNEL = {"fwd": "rmsnorm_fwd", "bwd": "rmsnorm_bwd"}
 
