@@ -82,7 +82,8 @@ class Layout:
     stage_buffers: int = 0  # STAGE buffers of K x BLOCK 16-byte chunks: 4 backward (2 x x, dy), 1 forward
     min_blocks: int = 0  # blocks that must fit one multiprocessor (caps registers per thread); 0: no cap
     hints: int = 0  # cache hints, a sum of the HINT_* bits (loads of x and dy, stores of y and dx)
-    overlap: int = 0  # backward over a cluster: pass 2's first chunks loaded between the barrier's arrive and wait
+    overlap: int = 0  # backward over a cluster: pass 2's first chunks loaded between posting the total and the wait
+    push: bool = False  # over a cluster: totals pushed with st.async and mbarriers, no cluster barrier per row
 
     @property
     def smem_bytes(self) -> int:
@@ -244,7 +245,8 @@ def _staged(kernel: str, lay: Layout, stage: int, tgt: targets.Target, eb: int, 
     more chunks per thread, not split over a cluster. On the H200 (docs/results/*tune-v6*) this
     gained 4-12% at N=7168/8192 and lost 2-6% to the L2 prefetch at 2880/4096 (2 chunks per
     thread) and 25-30% with clusters (32768/65536; 19-22% in *tune-v32* with the next row's
-    copies issued after the cluster barrier's arrive); where one block's buffers take more than
+    copies issued after the cluster barrier's arrive; 8-14% with the exchange by pushes, *tune-v40*:
+    65536 3135-3344 vs 3615-3804); where one block's buffers take more than
     STAGE_POLICY_BYTES, the L2 prefetch with eviction hints wins, except for rows of exactly
     2048 chunks, staged at 1024 threads (see below).
     Forward (persistent grid; the next row lands in one buffer while the current one, held in
@@ -351,9 +353,11 @@ def row_layout(n: int, vec: int, held_bytes: int, tgt: targets.Target, tpr: int 
                cluster: int = 0, narrow: bool = False) -> Layout:
     """The forward's layout: rows that do not fit one block's registers are split over a
     thread-block cluster where the target has clusters, until a block's share does. Rows that
-    fit stay in one block: on the H200, N=65536 in bf16 ran at 3886 GB/s in one block of 1024
-    threads and at 2918 split over two blocks (docs/results/*tune*): the cluster barrier per
-    row costs more than the smaller blocks gain. See _row_block_layout for a block's share.
+    fit stay in one block: on the H200, N=65536 in bf16 ran at 3931-3958 GB/s in one block of
+    1024 threads, 3908-3947 over 4 blocks with the exchange by pushes (3516-3549 with the cluster
+    barrier), 3654-3672 over 8 and 3362-3381 over 2 (docs/results/*tune-v40*, -v41); at 32768,
+    3973-3985 over 2 blocks against the one-block streamed row's 4037-4051. See
+    _row_block_layout for a block's share.
 
     narrow (the caller's policy may allow it): a row that fills a 1024-thread block with 8
     chunks of 16 bytes per thread on NVIDIA (N=65536 in 16-bit types) takes 16 chunks of 8
@@ -433,8 +437,9 @@ class Options:
     stage: int = -1  # backward, 1/0: stage x and dy through shared memory or not; -1: the policy's
     min_blocks: int = 0  # NVVM: blocks per multiprocessor the register allocation must allow; 0: none
     hints: int = -1  # cache hints, a sum of the HINT_* bits (0: none); -1: the policy's
-    overlap: int = -1  # backward over a cluster: pass 2's chunks loaded inside the barrier (0: none); -1: the policy's
+    overlap: int = -1  # backward over a cluster: pass 2's chunks loaded inside the exchange (0: none); -1: the policy's
     cache_row: int = -1  # 1/0: the row (x, and dy) held in registers between the passes, or read again; -1: policy
+    push: int = -1  # over a cluster, 1/0: totals exchanged by pushes (st.async, mbarriers) or cluster barrier; -1: policy
     layout: Layout = field(init=False, compare=False, repr=False)
 
     def __post_init__(self) -> None:
@@ -477,6 +482,8 @@ class Options:
                    f"{HINT_COHERENT} (no .nc loads)")
         _check_int("cache_row", self.cache_row, -1, 1,
                    "choose 1 (the row held in registers), 0 (read again) or -1 (the policy's)")
+        _check_int("push", self.push, -1, 1,
+                   "choose 1 (pushes and mbarriers), 0 (the cluster barrier) or -1 (the policy's)")
         if self.min_blocks and not tgt.min_blocks_attr:
             raise ValueError(f"min_blocks={self.min_blocks}: {self.target} has no blocks-per-multiprocessor bound; use 0")
         spec = KERNELS[self.kernel]
@@ -512,6 +519,17 @@ class Options:
         # Without a weight (no dw sums) all 4 fit: +10% at 32768 and +21% at 65536 (*tune-v27*).
         policy = (2 if self.has_weight else lay.k) if overlappable and lay.k == 4 and lay.block <= MAX_THREADS // 2 else 0
         lay = replace(lay, overlap=policy if self.overlap == -1 else self.overlap)
+        if self.push == 1 and not (lay.cluster > 1 and tgt.cluster_push_piece):
+            raise ValueError(f"push=1 needs rows split over a cluster (here {lay.cluster} block(s)) on a target "
+                             f"with st.async ({self.target}: {'yes' if tgt.cluster_push_piece else 'no'}); use -1 or 0")
+        # The policy: push wherever a row is split over a cluster. On the H200 (docs/results/
+        # *tune-v40*, -v41, bf16, two placements x two rounds), against the cluster barrier: backward
+        # 65536 3615-3804 vs 3459-3465 GB/s (no weight 3562-3751 vs 3178-3276), 32768 3765-3956 vs
+        # 3646-3658; forward split over 4 blocks at 65536 3908-3947 vs 3516-3549 (one block, the
+        # forward's policy, ran 3931-3958). Likely why: barrier.cluster.arrive releases (it waits
+        # for the thread's earlier stores and copies) and every block waits for the slowest
+        # thread of every peer; a push orders nothing else and one thread per block signals.
+        lay = replace(lay, push=lay.cluster > 1 and self.push != 0 and tgt.cluster_push_piece is not None)
         object.__setattr__(self, "layout", lay)
 
     def key_string(self) -> str:
@@ -543,8 +561,10 @@ def common_values(opts: Options) -> dict[str, str]:
         "TARGET": tgt.target_attr,
         "RSQRT_PIECE": tgt.rsqrt_piece,
         # The cross-block piece only where rows are split: a no-op sum otherwise.
-        "CLUSTER_PIECE": tgt.cluster_piece if lay.cluster > 1 else "common/cluster_sum_none.mlir",
+        "CLUSTER_PIECE": (tgt.cluster_push_piece if lay.push else tgt.cluster_piece) if lay.cluster > 1
+        else "common/cluster_sum_none.mlir",
         "CLUSTER": str(lay.cluster),
+        "CLUSTER_BYTES": str(4 * lay.cluster),
         "PREFETCH_PIECE": tgt.prefetch_piece if lay.l2_prefetch else "common/prefetch_none.mlir",
         "L2_PREFETCH": _bool(lay.l2_prefetch),
         "STAGE": _bool(lay.stage),

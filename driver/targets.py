@@ -35,6 +35,8 @@ class Target:
     # Thread-block clusters with distributed shared memory (sm_90+): a long row may be split
     # over the blocks of a cluster, which add their partial sums through each other's LDS.
     cluster_piece: str | None = None
+    # The exchange without a cluster barrier per row (st.async pushes and mbarriers, sm_90+).
+    cluster_push_piece: str | None = None
     # An L2 prefetch instruction (NVIDIA's prefetch.global.L2), for the rows a block takes next.
     prefetch_piece: str | None = None
     # Asynchronous 16-byte global -> shared copies (cp.async, sm_80+), for staging rows.
@@ -98,6 +100,7 @@ def _nv(chip: str, ptx: str, clusters: bool) -> Target:
         rsqrt_piece="common/rsqrt_nvvm.mlir", atomic_piece="common/atomic_add_nvvm.mlir",
         binary_formats=("bin", "isa"), isa_suffix=".ptx", bin_suffix=".cubin",
         cluster_piece="common/cluster_sum_nvvm.mlir" if clusters else None,
+        cluster_push_piece="common/cluster_push_nvvm.mlir" if clusters else None,
         prefetch_piece="common/prefetch_nvvm.mlir", stage_piece="common/stage_nvvm.mlir",
         min_blocks_attr=", nvvm.minctasm = {} : i32", hint_piece="common/cache_hint_nvvm.mlir",
     )
@@ -115,7 +118,7 @@ def _amd(chip: str) -> Target:
 
 TARGETS: dict[str, Target] = {
     t.chip: t
-    for t in (_nv("sm_90", "ptx80", clusters=True), _nv("sm_80", "ptx70", clusters=False),
+    for t in (_nv("sm_90", "ptx81", clusters=True), _nv("sm_80", "ptx70", clusters=False),
               _nv("sm_100", "ptx86", clusters=True), _amd("gfx950"), _amd("gfx942"))
 }
 # The two targets every kernel is checked on in CI.

@@ -27,8 +27,8 @@
 // both passes read the current buffer; HBM is read once and never waits on the reductions.
 // HINT_LD: x and dy are read under L2 policies (pass 1 keeps what pass 2 reads again; pass 2's,
 // their last reads, evict first); HINT_ST: the dx stores evict first. OVERLAP (rows over a
-// cluster): pass 2's first OVERLAP_K chunks are loaded between the cluster barrier's arrive and
-// wait.
+// cluster): pass 2's first OVERLAP_K chunks are loaded between posting the block's total
+// (cluster_post) and waiting for the peers' (cluster_read).
 //
 // Placeholders: those of rmsnorm_fwd.mlir, plus DW_REGS, ATOMIC_DW, PART_ALIGN, L2_PREFETCH,
 // OVERLAP, OVERLAP_K, and the target's pieces for atomics (ATOMIC_PIECE) and the L2 prefetch
@@ -53,8 +53,7 @@ gpu.module @normir [${TARGET}] {
                         %dw_arg: memref<${N}xf32> {llvm.noalias},
                         %rows: index, %x_stride: index, %dy_stride: index, %dx_stride: index,
                         %grid: index)
-      workgroup(%red: memref<${WPR}xf32, #gpu.address_space<workgroup>>,
-                %xch: memref<2xf32, #gpu.address_space<workgroup>>)
+      workgroup(%red: memref<${WPR}xf32, #gpu.address_space<workgroup>>)
       private(%xbuf: memref<${K}x${V}x${T}, #gpu.address_space<private>>,
               %dybuf: memref<${K}x${V}x${T}, #gpu.address_space<private>>,
               %wbuf: memref<${K}x${V}xf32, #gpu.address_space<private>>,
@@ -121,6 +120,7 @@ gpu.module @normir [${TARGET}] {
     %part_row = arith.addi %part_base, %slot : index
     // STAGE buffers (dynamic shared memory): [buffer][x, dy][k][thread] -> one 16-byte chunk.
     %stage_base = func.call @normir_stage_base() : () -> index
+    func.call @normir_cluster_init(%tid) : (index) -> ()  // before any peer's first exchange
 
     // w (fp32) and zeroed dw sums, once per block.
     affine.for %k = 0 to ${K} {
@@ -238,11 +238,10 @@ gpu.module @normir [${TARGET}] {
       %dot = func.call @normir_row_sum(%dot_thread, %tid, %red)
           : (f32, index, memref<${WPR}xf32, #gpu.address_space<workgroup>>) -> f32
       // OVERLAP (rows split over a cluster): pass 2's first OVERLAP_K chunks, which do not need
-      // the row total, are loaded between the cluster barrier's arrive and its wait, into the
-      // arrays CACHE_ROW uses, so that their latency and the peers' arrival overlap.
+      // the row total, are loaded between posting this block's total and waiting for the
+      // peers', into the arrays CACHE_ROW uses, so that their latency and the peers' overlap.
       %dot_all = scf.if %overlap -> (f32) {
-        func.call @normir_cluster_post(%dot, %tid, %xch, %parity)
-            : (f32, index, memref<2xf32, #gpu.address_space<workgroup>>, index) -> ()
+        func.call @normir_cluster_post(%dot, %tid, %iter) : (f32, index, index) -> ()
         affine.for %k = 0 to ${OVERLAP_K} {
           %ck = arith.muli %k, %tpr : index
           %chunk = arith.addi %ck, %lane : index
@@ -264,12 +263,10 @@ gpu.module @normir [${TARGET}] {
           vector.store %a, %xbuf[%k, %c0] : memref<${K}x${V}x${T}, #gpu.address_space<private>>, vector<${V}x${T}>
           vector.store %b, %dybuf[%k, %c0] : memref<${K}x${V}x${T}, #gpu.address_space<private>>, vector<${V}x${T}>
         }
-        %t = func.call @normir_cluster_read(%dot, %xch, %parity)
-            : (f32, memref<2xf32, #gpu.address_space<workgroup>>, index) -> f32
+        %t = func.call @normir_cluster_read(%dot, %iter) : (f32, index) -> f32
         scf.yield %t : f32
       } else {
-        %t = func.call @normir_cluster_sum(%dot, %tid, %xch, %parity)
-            : (f32, index, memref<2xf32, #gpu.address_space<workgroup>>, index) -> f32
+        %t = func.call @normir_cluster_sum(%dot, %tid, %iter) : (f32, index, index) -> f32
         scf.yield %t : f32
       }
       // b = c1 * rstd^2 = dot * rstd^3 / N, negated for the fma below.
@@ -376,9 +373,9 @@ gpu.module @normir [${TARGET}] {
         }
       }
     }
-    // Peers may still read this block's %xch: leave together.
-    func.call @normir_cluster_arrive() : () -> ()
-    func.call @normir_cluster_wait() : () -> ()
+    // Peers may still read this block's exchange slots: leave together.
+    func.call @normir_cluster_leave_arrive() : () -> ()
+    func.call @normir_cluster_leave_wait() : () -> ()
     gpu.return
   }
 

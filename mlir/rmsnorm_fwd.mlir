@@ -41,8 +41,7 @@ gpu.module @normir [${TARGET}] {
                         %y_arg: memref<${N}x${T}> {llvm.noalias, llvm.writeonly},
                         %rstd_arg: memref<1xf32> {llvm.noalias, llvm.writeonly},
                         %rows: index, %x_stride: index, %y_stride: index, %grid: index)
-      workgroup(%red: memref<${WPR}xf32, #gpu.address_space<workgroup>>,
-                %xch: memref<2xf32, #gpu.address_space<workgroup>>)
+      workgroup(%red: memref<${WPR}xf32, #gpu.address_space<workgroup>>)
       private(%xbuf: memref<${K}x${V}x${T}, #gpu.address_space<private>>,
               %wbuf: memref<${K}x${V}x${WT}, #gpu.address_space<private>>)
       kernel attributes {known_block_size = array<i32: ${BLOCK}, 1, 1>${KERNEL_ATTRS}} {
@@ -96,6 +95,7 @@ gpu.module @normir [${TARGET}] {
     %pol_pass1 = arith.select %cache_row, %pol_first, %pol_last : i64
     // STAGE buffer (dynamic shared memory): [k][thread] -> one 16-byte chunk of the next row.
     %stage_base = func.call @normir_stage_base() : () -> index
+    func.call @normir_cluster_init(%tid) : (index) -> ()  // before any peer's first exchange
     scf.if %stage_on {
       %first_ok = arith.cmpi ult, %cid, %groups : index
       scf.if %first_ok {
@@ -112,7 +112,6 @@ gpu.module @normir [${TARGET}] {
     %g_step = arith.select %stage_on, %clusters, %c1 : index
     scf.for %g = %cid to %g_end step %g_step {
       %iter = arith.divui %g, %clusters : index
-      %parity = arith.remui %iter, %c2 : index
       %g_base = arith.muli %g, %rows_per_block : index
       %row = arith.addi %g_base, %slot : index
       %row_valid = arith.cmpi ult, %row, %rows : index
@@ -168,10 +167,9 @@ gpu.module @normir [${TARGET}] {
         %sq_thread = vector.reduction <add>, %sq_vec : vector<${V}xf32> into f32
         %sq_row = func.call @normir_row_sum(%sq_thread, %tid, %red)
             : (f32, index, memref<${WPR}xf32, #gpu.address_space<workgroup>>) -> f32
-        %sq_all = func.call @normir_cluster_sum(%sq_row, %tid, %xch, %parity)
-            : (f32, index, memref<2xf32, #gpu.address_space<workgroup>>, index) -> f32
+        %sq_all = func.call @normir_cluster_sum(%sq_row, %tid, %iter) : (f32, index, index) -> f32
         // This block is done reading its peers' slots; it waits for theirs at the end of the row.
-        func.call @normir_cluster_arrive() : () -> ()
+        func.call @normir_cluster_leave_arrive() : () -> ()
         // The reduction's barrier is behind every thread's reads of the STAGE buffer: refill it
         // with the block's next row while this one is normalized and written.
         scf.if %stage_on {
@@ -249,7 +247,7 @@ gpu.module @normir [${TARGET}] {
             }
           }
         }
-        func.call @normir_cluster_wait() : () -> ()
+        func.call @normir_cluster_leave_wait() : () -> ()
       }
     }
     gpu.return

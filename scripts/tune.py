@@ -16,10 +16,12 @@ import os
 import sys
 
 VARIANTS = {  # (op, N, dtype): layouts to compare, as NORMIR_TPR values ("0": the policy's)
-    # This session's policy choices against what they replaced (run with PLACEMENTS=3 or more):
-    ("fwd", 4096, "bf16"): ("0", "0r1"),  # streamed row against the row held in registers
-    ("fwd", 8192, "bf16"): ("0", "0r1"),
-    ("bwd", 16384, "bf16"): ("0", "0s0"),  # 1024 x 2 staged against 512 x 4 with the L2 prefetch
+    # Rows over clusters: the totals pushed (st.async + mbarriers, a1) against the cluster barrier.
+    ("bwd", 65536, "bf16"): ("0a1", "0o0a1", "0o4a1", "0x8a1", "0p0a1", "0h0a1"),
+    ("bwd", 32768, "bf16"): ("0a1", "0o0a1", "0o4a1", "0x4a1", "0p0a1"),
+    ("fwd", 65536, "bf16"): ("0", "0x4a1", "512x4a1", "0x8a1", "0x4v4a1"),
+    ("fwd", 32768, "bf16"): ("0", "0x2a1", "0x4a1"),
+    ("fwd", 16384, "bf16"): ("0", "0x2a1"),
 }
 KERNEL = {"fwd": "rmsnorm_fwd", "bwd": "rmsnorm_bwd"}
 

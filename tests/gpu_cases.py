@@ -45,6 +45,9 @@ FORCED_CASES = (
     (4096, "bf16", {"cache_row": 1}, {"cache_row": 1}),  # forward and backward rows held in registers
     (8192, "f32", {"cache_row": 1}, {}),  # the forward's former f32 default, held
     (16384, "f16", {}, {"cache_row": 0}),  # without a weight: re-read, not staged
+    # The exchange over a cluster by the cluster barrier (push 0) instead of pushes:
+    (32768, "bf16", {"cluster": 2, "push": 0}, {"push": 0}),  # forward and backward over 2 blocks
+    (65536, "f16", {"cluster": 4, "push": 0}, {"push": 0, "overlap": 4}),  # 4 blocks, all of pass 2 inside
 )
 # (N, dtype) for the backward without a weight, whose policy differs (specialize._bwd_cache_row):
 # the row held in registers, staged through shared memory, every chunk loaded inside the barrier.
@@ -52,7 +55,7 @@ NO_WEIGHT_CASES = ((4096, "bf16"), (4096, "f16"), (2880, "f32"), (16384, "bf16")
 
 
 def tpr_value(layout: dict) -> str:
-    """A forced layout as a NORMIR_TPR value: TPR[xCLUSTER][pN][sN][mN][hN][oN][rN]."""
+    """A forced layout as a NORMIR_TPR value: TPR[xCLUSTER][pN][sN][mN][hN][oN][rN][aN]."""
     out = f"{layout.get('tpr', 0)}x{layout.get('cluster', 0)}"
     if layout.get("l2_prefetch", -1) >= 0:
         out += f"p{layout['l2_prefetch']}"
@@ -66,6 +69,8 @@ def tpr_value(layout: dict) -> str:
         out += f"o{layout['overlap']}"
     if layout.get("cache_row", -1) >= 0:
         out += f"r{layout['cache_row']}"
+    if layout.get("push", -1) >= 0:
+        out += f"a{layout['push']}"
     return out
 
 BENCH_N = (1024, 2048, 2880, 4096, 7168, 8192, 16384, 32768, 65536)

@@ -111,16 +111,16 @@ def test_key_string_is_stable_text():
     assert o.key_string() == (
         "kernel='rmsnorm_fwd';n=4096;dtype='bf16';wdtype='bf16';eps=9.999999974752427e-07;target='sm_90';"
         "has_weight=True;store_rstd=False;vec=8;atomic_dw=False;tpr=0;cluster=0;l2_prefetch=-1;stage=-1;"
-        "min_blocks=0;hints=-1;overlap=-1;cache_row=-1"
+        "min_blocks=0;hints=-1;overlap=-1;cache_row=-1;push=-1"
     )
     assert o.digest() == hashlib.sha256(o.key_string().encode()).hexdigest()
-    assert o.digest() == "605c1c5d1d0fa7bcc02fde404a4fa8bb64f31b5c6d807e3661582e616f4de396"
+    assert o.digest() == "7e737681aba5cad41bd56bcade7c6a3b8012275c3ce8a7599a9c8fccc60e7c0d"
     assert "layout" not in o.key_string()
 
 
 _ALTERNATIVES = dict(kernel="rmsnorm_bwd", n=2048, dtype="f16", wdtype="f32", eps=1e-5, target="gfx950",
                      has_weight=False, store_rstd=True, vec=4, atomic_dw=True, tpr=256, cluster=2,
-                     l2_prefetch=0, stage=0, min_blocks=2, hints=0, overlap=0, cache_row=0)
+                     l2_prefetch=0, stage=0, min_blocks=2, hints=0, overlap=0, cache_row=0, push=0)
 
 
 def test_alternatives_cover_every_key_field():
@@ -411,9 +411,34 @@ def test_nvidia_forward_row_shapes():
     assert (amd.tpr, amd.rows, amd.k) == (64, 4, 4)
 
 
+def test_push_policy():
+    # Rows split over a cluster exchange their totals by pushes (st.async + mbarriers) unless
+    # push=0 asks for the cluster barrier; rows in one block have no exchange at all.
+    def spliced(**kw):  # (pushes, the cluster barrier's arrive) in the kernel text
+        text = S.specialize(Options(kernel="rmsnorm_bwd", **{"n": 32768, **kw}))
+        return "st.async" in text, "nvvm.cluster.arrive\n" in text
+
+    assert Options(kernel="rmsnorm_bwd", n=32768).layout.push
+    assert Options(kernel="rmsnorm_fwd", n=65536, cluster=4).layout.push
+    assert not Options(kernel="rmsnorm_fwd", n=65536).layout.push  # one block per row
+    assert not Options(kernel="rmsnorm_bwd", n=32768, push=0).layout.push
+    assert not Options(kernel="rmsnorm_bwd", n=32768, target="gfx950").layout.push
+    assert spliced() == (True, False)
+    assert spliced(push=0) == (False, True)
+    assert spliced(n=4096) == (False, False)
+    with pytest.raises(ValueError, match=r"^push=1 needs rows split over a cluster \(here 1 block\(s\)\)"):
+        Options(kernel="rmsnorm_bwd", n=4096, push=1)
+    with pytest.raises(ValueError, match=r"^push=1 needs rows split over a cluster \(here 1 block\(s\)\) on a target "
+                                         r"with st.async \(gfx950: no\)"):
+        Options(kernel="rmsnorm_bwd", n=32768, target="gfx950", push=1)
+    with pytest.raises(ValueError, match=r"^push=2: choose 1 \(pushes and mbarriers\), 0 \(the cluster barrier\)"):
+        Options(kernel="rmsnorm_bwd", n=32768, push=2)
+
+
 def test_overlap_policy():
     # Rows over a cluster of 512-thread blocks with 4 chunks per thread load pass 2's first 2
-    # chunks between the cluster barrier's arrive and wait; nothing else does by default.
+    # chunks between posting the block's total and waiting for the peers'; nothing else does by
+    # default.
     def overlap(**kw):
         return Options(kernel="rmsnorm_bwd", **{"n": 32768, **kw}).layout.overlap
 

@@ -1,23 +1,23 @@
   // normir common piece: cluster_sum where a row is one block (no split, or no clusters on the
   // target): the block's total is the row's, and there are no peers to wait for.
-  func.func private @normir_cluster_post(%v: f32, %tid: index,
-      %xch: memref<2xf32, #gpu.address_space<workgroup>>, %parity: index)
+  func.func private @normir_cluster_init(%tid: index) attributes {llvm.linkage = #llvm.linkage<internal>} {
+    return
+  }
+  func.func private @normir_cluster_post(%v: f32, %tid: index, %iter: index)
       attributes {llvm.linkage = #llvm.linkage<internal>} {
     return
   }
-  func.func private @normir_cluster_read(%own: f32,
-      %xch: memref<2xf32, #gpu.address_space<workgroup>>, %parity: index) -> f32
+  func.func private @normir_cluster_read(%own: f32, %iter: index) -> f32
       attributes {llvm.linkage = #llvm.linkage<internal>} {
     return %own : f32
   }
-  func.func private @normir_cluster_sum(%v: f32, %tid: index,
-      %xch: memref<2xf32, #gpu.address_space<workgroup>>, %parity: index) -> f32
+  func.func private @normir_cluster_sum(%v: f32, %tid: index, %iter: index) -> f32
       attributes {llvm.linkage = #llvm.linkage<internal>} {
     return %v : f32
   }
-  func.func private @normir_cluster_arrive() attributes {llvm.linkage = #llvm.linkage<internal>} {
+  func.func private @normir_cluster_leave_arrive() attributes {llvm.linkage = #llvm.linkage<internal>} {
     return
   }
-  func.func private @normir_cluster_wait() attributes {llvm.linkage = #llvm.linkage<internal>} {
+  func.func private @normir_cluster_leave_wait() attributes {llvm.linkage = #llvm.linkage<internal>} {
     return
   }
