@@ -34,7 +34,8 @@
   }
 
   // Both mbarriers (one arrival each: the owner's arm), made visible to the cluster before any
-  // peer pushes: a full cluster barrier, once per kernel.
+  // peer pushes: a cluster barrier, once per kernel. Its arrive is here, at the start; its wait
+  // is in the first cluster_post (%iter = 0), so that pass 1's loads go out in between.
   func.func private @normir_cluster_init(%tid: index) attributes {llvm.linkage = #llvm.linkage<internal>} {
     %c0 = arith.constant 0 : index
     %b0 = arith.constant 0 : i32
@@ -48,7 +49,6 @@
       llvm.inline_asm has_side_effects "fence.mbarrier_init.release.cluster;", "" : () -> ()
     }
     nvvm.cluster.arrive.relaxed {aligned}
-    nvvm.cluster.wait {aligned}
     return
   }
 
@@ -58,6 +58,10 @@
     %c2 = arith.constant 2 : index
     %cluster = arith.constant ${CLUSTER} : i32
     %bytes = arith.constant ${CLUSTER_BYTES} : i32
+    %first_row = arith.cmpi eq, %iter, %c0 : index
+    scf.if %first_row {
+      nvvm.cluster.wait {aligned}  // every peer's mbarriers exist (cluster_init)
+    }
     %is_first = arith.cmpi eq, %tid, %c0 : index
     scf.if %is_first {
       %b_idx = arith.remui %iter, %c2 : index
