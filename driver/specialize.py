@@ -41,9 +41,9 @@ STAGING = {"rmsnorm_fwd": 1, "rmsnorm_bwd": 4}  # kernels with a STAGE layout: t
 MAX_MIN_BLOCKS = 32  # NVVM's .minnctapersm: at most the resident blocks of a multiprocessor
 # Options.hints bits (see mlir/common/cache_hint_nvvm.mlir): a row's last read asks L2 to evict
 # its lines first; stores do; a first read that pass 2 repeats asks L2 to keep them; loads skip
-# the non-coherent (.nc) path.
-HINT_LAST_READ, HINT_STORES, HINT_KEEP, HINT_COHERENT = 1, 2, 4, 8
-HINT_LOADS = HINT_LAST_READ | HINT_KEEP | HINT_COHERENT
+# the non-coherent (.nc) path; loads ask L1 to keep their lines (.L1::evict_last).
+HINT_LAST_READ, HINT_STORES, HINT_KEEP, HINT_COHERENT, HINT_L1_KEEP = 1, 2, 4, 8, 16
+HINT_LOADS = HINT_LAST_READ | HINT_KEEP | HINT_COHERENT | HINT_L1_KEEP
 MAX_CLUSTER = 8  # blocks of a thread-block cluster that share one row (the portable limit)
 # The backward splits rows whose dw sums need more than this many registers per thread: with
 # 64 (N=32768 bf16 in one 512-thread block) ptxas caps the block at 128 registers and spills.
@@ -291,7 +291,9 @@ def _hint_policy(kernel: str, lay: Layout) -> int:
 
     - backward rows that pass 2 reads again (from L2), neither staged nor split over a cluster:
       last reads and dx stores evict first (+3-4% at N=2880/4096, +9% at 16384); on rows held in
-      registers (1024, 2048) that lost 4%, and keeping pass 1's lines (evict_last) added nothing;
+      registers (1024, 2048) that lost 4%, and keeping pass 1's lines (evict_last) added nothing.
+      Their loads also ask L1 to keep their lines (*tune-v49*: 2880 +1.2%, 4096 +1.2%, 14336
+      +0.1%; without a weight +7-8% at 2880 and 4096);
     - backward rows split over a cluster (32768, 65536): dx stores only (+1.3/+2.2% and +0.2/
       +0.3% in two runs, docs/results/*tune-v14*); the load hints lost 1-6% there;
     - the forward: what fwd_layout put in the layout (its streamed rows: pass 1 keeps, pass 2's
@@ -301,7 +303,7 @@ def _hint_policy(kernel: str, lay: Layout) -> int:
     if kernel == "rmsnorm_bwd":
         if lay.cache_row or lay.stage:
             return 0
-        return HINT_STORES if lay.cluster > 1 else HINT_LAST_READ | HINT_STORES
+        return HINT_STORES if lay.cluster > 1 else HINT_LAST_READ | HINT_STORES | HINT_L1_KEEP
     return lay.hints
 
 
@@ -342,11 +344,14 @@ def _fwd_streamed(lay: Layout) -> Layout:
     3969-3994, 16384 4017-4037 vs 3948-3970, 32768 4022-4044 vs 3945-3962. Not kept: the same
     without hints (8192: 3950-3962), 4 chunks at 256 threads for 8192 (3868-3905), 2 at 1024
     threads for 16384 (3782-3797), one chunk per thread (4096: 3429-3456), N=65536 (8192 chunks:
-    3346-3372 vs 3911-3942 held in 8-byte chunks)."""
+    3346-3372 vs 3911-3942 held in 8-byte chunks). Both passes' loads also ask L1 to keep their
+    lines (.L1::evict_last, as Triton spells eviction_policy='evict_last'), *tune-v49*: 7168
+    4128-4156 vs 4081-4083, 16384 4044-4069 vs 4015-4037, 32768 4053-4079 vs 4018-4050; 1024-8192
+    within 0.3% either way."""
     k = 2 if lay.nchunk <= 2 * (MAX_THREADS // 2) else 4
     tpr = -(-math.ceil(lay.nchunk / k) // lay.warp) * lay.warp
     return replace(lay, tpr=tpr, rows=1, k=-(-lay.nchunk // tpr), kfull=lay.nchunk // tpr, cache_row=False,
-                   prefetch_w=False, hints=HINT_LAST_READ | HINT_KEEP)
+                   prefetch_w=False, hints=HINT_LAST_READ | HINT_KEEP | HINT_L1_KEEP)
 
 
 def row_layout(n: int, vec: int, held_bytes: int, tgt: targets.Target, tpr: int = 0, w_bytes: int = 2,
@@ -476,10 +481,10 @@ class Options:
                              "use -1 or 0")
         _check_int("stage", self.stage, -1, 1, "choose 1 (on), 0 (off) or -1 (the policy's)")
         _check_int("min_blocks", self.min_blocks, 0, MAX_MIN_BLOCKS, f"must be an int from 0 (none) to {MAX_MIN_BLOCKS}")
-        _check_int("hints", self.hints, -1, 15,
+        _check_int("hints", self.hints, -1, 31,
                    f"choose -1 (the policy's), 0 (none), or a sum of {HINT_LAST_READ} (last reads evict first), "
                    f"{HINT_STORES} (stores evict first), {HINT_KEEP} (reads repeated later evict last) and "
-                   f"{HINT_COHERENT} (no .nc loads)")
+                   f"{HINT_COHERENT} (no .nc loads) and {HINT_L1_KEEP} (loads ask L1 to keep their lines)")
         _check_int("cache_row", self.cache_row, -1, 1,
                    "choose 1 (the row held in registers), 0 (read again) or -1 (the policy's)")
         _check_int("push", self.push, -1, 1,
@@ -576,6 +581,7 @@ def common_values(opts: Options) -> dict[str, str]:
         "POLICY_LAST_READ": "evict_first" if lay.hints & HINT_LAST_READ else "evict_normal",
         "POLICY_KEEP": "evict_last" if lay.hints & HINT_KEEP else "evict_normal",
         "LD_NC": "" if lay.hints & HINT_COHERENT else ".nc",
+        "LD_L1": ".L1::evict_last" if lay.hints & HINT_L1_KEEP else "",
         "KERNEL_ATTRS": tgt.min_blocks_attr.format(lay.min_blocks) if lay.min_blocks else "",
         "EB": str(eb),
         "NSUB": str(lay.nsub),

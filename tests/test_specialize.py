@@ -11,7 +11,7 @@ import pytest
 from normir import specialize as S
 from normir import targets
 from normir.kernels import KERNELS
-from normir.specialize import HINT_KEEP, HINT_LAST_READ, HINT_STORES, MAX_N, Options, SpecializationError
+from normir.specialize import HINT_KEEP, HINT_L1_KEEP, HINT_LAST_READ, HINT_STORES, MAX_N, Options, SpecializationError
 
 pytestmark = pytest.mark.cpu
 
@@ -356,31 +356,33 @@ def test_l2_prefetch_policy():
 
 
 def test_hint_policy():
-    # The backward's rows that pass 2 reads again (not staged) get last-read and store hints, or
-    # with a cluster store hints; the forward's 1024-thread rows store hints; nothing else.
+    # The backward's rows that pass 2 reads again (not staged) get last-read and store hints and
+    # ask L1 to keep what they load, or with a cluster store hints; the forward's streamed rows
+    # their L2 and L1 load hints; nothing else.
     def hints(kernel="rmsnorm_bwd", **kw):
         return Options(kernel=kernel, **{"n": 4096, **kw}).layout.hints
 
-    assert hints() == hints(n=2880) == hints(n=14336) == hints(n=16384, stage=0) == HINT_LAST_READ | HINT_STORES == 3
+    assert hints() == hints(n=2880) == hints(n=14336) == hints(n=16384, stage=0) == \
+        HINT_LAST_READ | HINT_STORES | HINT_L1_KEEP == 19
     assert hints(n=16384) == 0  # staged
     assert hints(n=8192) == 0  # staged
     assert hints(n=32768) == hints(n=65536) == HINT_STORES  # a cluster: stores only
     assert hints(n=2048) == 0  # held in registers
     assert hints(n=16384, stage=1) == 0
     # The forward: rows of 128-4096 chunks are streamed, pass 1 keeping its lines and pass 2's
-    # reads evicting them first; rows held in registers get none.
+    # reads evicting them first from L2, both keeping them in L1; rows held in registers get none.
     assert hints("rmsnorm_fwd", n=32768) == hints("rmsnorm_fwd") == hints("rmsnorm_fwd", n=1024) == \
-        HINT_LAST_READ | HINT_KEEP == 5
+        HINT_LAST_READ | HINT_KEEP | HINT_L1_KEEP == 21
     assert hints("rmsnorm_fwd", n=65536) == hints("rmsnorm_fwd", n=512) == hints("rmsnorm_fwd", cache_row=1) == 0
     assert hints("rmsnorm_fwd", tpr=256) == hints("rmsnorm_fwd", hints=0) == 0  # forced: no streaming
     assert hints("rmsnorm_fwd", n=32768, hints=2) == 2
     assert hints(target="gfx950") == hints(vec=4) == hints(n=4095) == 0  # no hints there
-    assert hints(hints=0) == 0 and hints(n=8192, hints=15) == 15
+    assert hints(hints=0) == 0 and hints(n=8192, hints=15) == 15 and hints(n=8192, hints=31) == 31
     with pytest.raises(ValueError, match=r"^hints=3: rmsnorm_bwd on gfx950 has no L2 eviction hints for 16-byte"):
         Options(kernel="rmsnorm_bwd", n=4096, target="gfx950", hints=3)
     with pytest.raises(ValueError, match=r"^hints=1: rmsnorm_fwd on sm_90 has no L2 eviction hints for 8-byte"):
         Options(kernel="rmsnorm_fwd", n=4096, vec=4, hints=1)
-    for bad in (16, -2, True, 1.0):
+    for bad in (32, -2, True, 1.0):
         with pytest.raises(ValueError, match=r"^hints=.* choose -1 \(the policy's\), 0 \(none\), or a sum of"):
             Options(kernel="rmsnorm_fwd", n=4096, hints=bad)
     with pytest.raises(ValueError, match=r"^hints=1: rmsnorm_dw_reduce on sm_90 has no L2 eviction hints"):
@@ -664,7 +666,7 @@ def test_fwd_streamed_policy():
     streamed = {1024: (64, 2), 2880: (192, 2), 8192: (512, 2), 12288: (384, 4), 32768: (1024, 4)}
     for n, (tpr, k) in streamed.items():
         got = lay(n)
-        assert (got.tpr, got.k, got.rows, got.cache_row, got.prefetch_w, got.hints) == (tpr, k, 1, False, False, 5)
+        assert (got.tpr, got.k, got.rows, got.cache_row, got.prefetch_w, got.hints) == (tpr, k, 1, False, False, 21)
     assert lay(16384, dtype="f32", wdtype="f32").tpr == 1024 and not lay(16384, dtype="f32", wdtype="f32").cache_row
     assert not lay(4096, target="sm_80").cache_row  # every NVVM target with the hint piece
     for held_row in (lay(1016), lay(32776), lay(16392, dtype="f32", wdtype="f32"), lay(4096, vec=4),

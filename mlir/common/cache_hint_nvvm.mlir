@@ -2,8 +2,9 @@
   // that carry an L2 eviction policy (createpolicy + .L2::cache_hint), from the layout's hint
   // bits: a row's last read (policy_first: ${POLICY_LAST_READ}), a first read that pass 2 repeats
   // (policy_last: ${POLICY_KEEP}), stores (policy_store: evict_first); loads through
-  // ld.global${LD_NC}. No MLIR op carries these qualifiers, hence inline PTX. Used only where a
-  // chunk is one 16-byte vector (V * EB = 16).
+  // ld.global${LD_NC}${LD_L1} (with .L1::evict_last where the layout asks L1 to keep the lines).
+  // No MLIR op carries these qualifiers, hence inline PTX. Used only where a chunk is one 16-byte
+  // vector (V * EB = 16).
   func.func private @normir_policy_first() -> i64 attributes {llvm.linkage = #llvm.linkage<internal>} {
     %p = llvm.inline_asm "createpolicy.fractional.L2::${POLICY_LAST_READ}.b64 $0, 1.0;", "=l" : () -> i64
     return %p : i64
@@ -24,7 +25,7 @@
     %addr = arith.addi %base, %byte : index
     %addr_i64 = arith.index_cast %addr : index to i64
     %ptr = llvm.inttoptr %addr_i64 : i64 to !llvm.ptr<1>
-    %s = llvm.inline_asm "ld.global${LD_NC}.L2::cache_hint.v4.b32 {$0, $1, $2, $3}, [$4], $5;", "=r,=r,=r,=r,l,l"
+    %s = llvm.inline_asm "ld.global${LD_NC}${LD_L1}.L2::cache_hint.v4.b32 {$0, $1, $2, $3}, [$4], $5;", "=r,=r,=r,=r,l,l"
         %ptr, %policy : (!llvm.ptr<1>, i64) -> !llvm.struct<(i32, i32, i32, i32)>
     %e0 = llvm.extractvalue %s[0] : !llvm.struct<(i32, i32, i32, i32)>
     %e1 = llvm.extractvalue %s[1] : !llvm.struct<(i32, i32, i32, i32)>
