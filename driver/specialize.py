@@ -45,6 +45,7 @@ MAX_MIN_BLOCKS = 32  # NVVM's .minnctapersm: at most the resident blocks of a mu
 HINT_LAST_READ, HINT_STORES, HINT_KEEP, HINT_COHERENT, HINT_L1_KEEP = 1, 2, 4, 8, 16
 HINT_LOADS = HINT_LAST_READ | HINT_KEEP | HINT_COHERENT | HINT_L1_KEEP
 MAX_CLUSTER = 8  # blocks of a thread-block cluster that share one row (the portable limit)
+FWD_WIDE_CLUSTER = 4  # the forward's rows that fill a 1024-thread block: blocks per row (see row_layout)
 # The backward splits rows whose dw sums need more than this many registers per thread: with
 # 64 (N=32768 bf16 in one 512-thread block) ptxas caps the block at 128 registers and spills.
 BWD_SPLIT_DW = 32
@@ -365,14 +366,24 @@ def row_layout(n: int, vec: int, held_bytes: int, tgt: targets.Target, tpr: int 
     _row_block_layout for a block's share.
 
     narrow (the caller's policy may allow it): a row that fills a 1024-thread block with 8
-    chunks of 16 bytes per thread on NVIDIA (N=65536 in 16-bit types) takes 16 chunks of 8
-    bytes instead: +1.1%, +1.2% and +1.3% in three H200 runs (docs/results/*tune-v14*, -v15, -v16)."""
+    chunks of 16 bytes per thread on NVIDIA (N=65536 in 16-bit types) takes chunks of 8 bytes
+    instead: in one block 16 per thread, +1.1%, +1.2% and +1.3% in three H200 runs
+    (docs/results/*tune-v14*, -v15, -v16); where the target has clusters (and none is forced),
+    over a cluster of FWD_WIDE_CLUSTER blocks of 256 threads, 16 chunks each too, with the
+    registers capped so that 4 blocks share a multiprocessor (min_blocks; the weight then is not
+    held): the next rows' loads overlap a row's reduction and stores, which one 1024-thread block
+    per multiprocessor cannot do. bf16 N=65536 on the H200 (*tune-v50*): 4001-4005 GB/s against
+    3931-3970 in one block; 16-byte chunks 3989-3994, 2 blocks of 512 3962-3988."""
     c = _split(n, vec, tgt, cluster, tpr,
                lambda c: not _row_block_layout(n // c, vec, held_bytes, tgt, tpr, w_bytes).cache_row)
     lay = _clustered(_row_block_layout(n // c, vec, held_bytes, tgt, tpr, w_bytes), c)
     # Measured for bf16 rows in 16-byte chunks only: held_bytes == 2 is bf16 (held packed).
     if narrow and tgt.is_nvidia and not tpr and lay.cluster == 1 and lay.block == MAX_THREADS \
             and lay.k == lay.kfull == 8 and lay.cache_row and held_bytes == 2 and vec * 2 == MAX_VECTOR_BYTES:
+        if tgt.clusters and not cluster:
+            c = FWD_WIDE_CLUSTER
+            share = _row_block_layout(n // c, vec // 2, held_bytes, tgt, MAX_THREADS // c, w_bytes)
+            return replace(_clustered(share, c), min_blocks=c)
         lay = _row_block_layout(n, vec // 2, held_bytes, tgt, MAX_THREADS, w_bytes)
     return lay
 
@@ -440,7 +451,7 @@ class Options:
     cluster: int = 0  # blocks per row (a thread-block cluster); 0: the layout policy decides
     l2_prefetch: int = -1  # 1/0: prefetch the next row into L2 or not; -1: the layout policy decides
     stage: int = -1  # backward, 1/0: stage x and dy through shared memory or not; -1: the policy's
-    min_blocks: int = 0  # NVVM: blocks per multiprocessor the register allocation must allow; 0: none
+    min_blocks: int = 0  # NVVM: blocks per multiprocessor the registers must allow; 0: the policy's (row_layout)
     hints: int = -1  # cache hints, a sum of the HINT_* bits (0: none); -1: the policy's
     overlap: int = -1  # backward over a cluster: pass 2's chunks loaded inside the exchange (0: none); -1: the policy's
     cache_row: int = -1  # 1/0: the row (x, and dy) held in registers between the passes, or read again; -1: policy
@@ -509,7 +520,10 @@ class Options:
             raise ValueError(f"hints={self.hints}: {self.kernel} on {self.target} has no L2 eviction hints for "
                              f"{lay.vec * DTYPES[self.dtype]}-byte chunks (they need 16 and an NVVM target); use -1 or 0")
         hints = _hint_policy(self.kernel, lay) if self.hints == -1 and hintable else max(0, self.hints)
-        lay = replace(lay, min_blocks=self.min_blocks, hints=hints)
+        lay = replace(lay, min_blocks=self.min_blocks or lay.min_blocks, hints=hints)
+        if lay.prefetch_w and lay.min_blocks > 1 and lay.k * lay.vec * (held(self.dtype) + DTYPES[self.wdtype]) \
+                > tgt.reg_budget_bytes(lay.block * lay.min_blocks):
+            lay = replace(lay, prefetch_w=False)  # the weight's registers must fit the cap too
         _check_int("overlap", self.overlap, -1, lay.k,
                    f"choose -1 (the policy's), 0 (none) or a chunk count up to K={lay.k}")
         overlappable = self.kernel == "rmsnorm_bwd" and lay.cluster > 1 and lay.dw_regs \

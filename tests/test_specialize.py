@@ -273,7 +273,8 @@ def test_layout_paths_that_follow_from_the_hardware(kernel):
         assert _layout(kernel, "sm_90", n, "bf16").rows > 1
     if kernel == "rmsnorm_fwd":
         assert _layout(kernel, "sm_90", 65536, "bf16").cache_row
-        assert _layout(kernel, "sm_90", 65536, "bf16").cluster == 1
+        assert _layout(kernel, "sm_90", 65536, "bf16").cluster == 4  # the narrow rule (row_layout)
+        assert _layout(kernel, "sm_80", 65536, "bf16").cluster == 1
         assert not _layout(kernel, "sm_80", 65536, "f32").cache_row
         assert _layout(kernel, "sm_90", 65536, "f32").cluster == 2
     for n in (1024, 16384):
@@ -390,10 +391,18 @@ def test_hint_policy():
 
 
 def test_nvidia_forward_row_shapes():
-    # N=65536 in bf16 fills a 1024-thread block: 16 chunks of 8 bytes per thread rather than 8 of
-    # 16 bytes, unless an option that needs 16-byte chunks (staging, hints) or a layout is forced.
+    # N=65536 in bf16 fills a 1024-thread block: 8-byte chunks rather than 16-byte ones, over a
+    # cluster of 4 blocks of 256 threads capped at 64 registers (4 blocks to a multiprocessor,
+    # the weight not held) where the target has clusters, else 16 per thread in one block, unless
+    # an option that needs 16-byte chunks (staging, hints) or a layout is forced.
     lay = Options(kernel="rmsnorm_fwd", n=65536).layout
-    assert (lay.tpr, lay.vec, lay.k, lay.kfull) == (1024, 4, 16, 16) and lay.cache_row
+    assert (lay.tpr, lay.cluster, lay.vec, lay.k, lay.kfull, lay.min_blocks) == (256, 4, 4, 16, 16, 4)
+    assert lay.cache_row and not lay.prefetch_w and lay.push
+    assert "minctasm = 4" in S.common_values(Options(kernel="rmsnorm_fwd", n=65536))["KERNEL_ATTRS"]
+    assert Options(kernel="rmsnorm_fwd", n=65536, min_blocks=2).layout.min_blocks == 2  # forced
+    for one_block in (Options(kernel="rmsnorm_fwd", n=65536, cluster=1).layout,
+                      Options(kernel="rmsnorm_fwd", n=65536, target="sm_80").layout):
+        assert (one_block.tpr, one_block.cluster, one_block.vec, one_block.k, one_block.min_blocks) == (1024, 1, 4, 16, 0)
     for forced in (dict(stage=1), dict(hints=2), dict(tpr=1024)):
         assert Options(kernel="rmsnorm_fwd", n=65536, **forced).layout.vec == 8
     assert Options(kernel="rmsnorm_fwd", n=65536, target="gfx950").layout.vec == 8
@@ -422,7 +431,7 @@ def test_push_policy():
 
     assert Options(kernel="rmsnorm_bwd", n=32768).layout.push
     assert Options(kernel="rmsnorm_fwd", n=65536, cluster=4).layout.push
-    assert not Options(kernel="rmsnorm_fwd", n=65536).layout.push  # one block per row
+    assert not Options(kernel="rmsnorm_fwd", n=32768).layout.push  # one block per row
     assert not Options(kernel="rmsnorm_bwd", n=32768, push=0).layout.push
     assert not Options(kernel="rmsnorm_bwd", n=32768, target="gfx950").layout.push
     assert spliced() == (True, False)
@@ -561,7 +570,7 @@ def test_amd_layouts_that_spilled():
     assert Options(kernel="rmsnorm_bwd", n=65536, target="gfx950").layout.k == 16
     assert Options(kernel="rmsnorm_bwd", n=98304, target="gfx950").layout.k == 24
     sm90 = Options(kernel="rmsnorm_fwd", n=65536).layout
-    assert (sm90.block, sm90.k, sm90.vec, sm90.cache_row) == (1024, 16, 4, True)
+    assert (sm90.block, sm90.cluster, sm90.k, sm90.vec, sm90.cache_row) == (256, 4, 16, 4, True)
     assert Options(kernel="rmsnorm_bwd", n=65536, dtype="f32", wdtype="f32").layout.k < S.AMD_UNROLL_K[True][4][0]
 
 
