@@ -161,7 +161,7 @@ def main(argv: list[str] | None = None) -> int:
     c.add_argument("--l2-prefetch", type=int, default=-1, choices=(-1, 0, 1), help="L2 prefetch of the next row")
     c.add_argument("--stage", type=int, default=-1, choices=(-1, 0, 1), help="stage rows in shared memory")
     c.add_argument("--min-blocks", type=int, default=0,
-                   help="blocks per multiprocessor the registers must allow (NVVM minctasm; 0: none)")
+                   help="blocks per multiprocessor the registers must allow (NVVM minctasm; 0: the policy's)")
     c.add_argument("--hints", type=int, default=-1, choices=range(-1, 32), metavar="H",
                    help="L2 eviction hints, a sum of 1 (last reads evict first), 2 (stores evict first), "
                    "4 (reads repeated later evict last), 8 (no .nc loads), 16 (loads ask L1 to keep their lines); "

@@ -491,7 +491,8 @@ class Options:
             raise ValueError(f"l2_prefetch=1: {self.kernel} on {self.target} has no L2 prefetch of the next row; "
                              "use -1 or 0")
         _check_int("stage", self.stage, -1, 1, "choose 1 (on), 0 (off) or -1 (the policy's)")
-        _check_int("min_blocks", self.min_blocks, 0, MAX_MIN_BLOCKS, f"must be an int from 0 (none) to {MAX_MIN_BLOCKS}")
+        _check_int("min_blocks", self.min_blocks, 0, MAX_MIN_BLOCKS,
+                   f"must be an int from 0 (the policy's) to {MAX_MIN_BLOCKS}")
         _check_int("hints", self.hints, -1, 31,
                    f"choose -1 (the policy's), 0 (none), or a sum of {HINT_LAST_READ} (last reads evict first), "
                    f"{HINT_STORES} (stores evict first), {HINT_KEEP} (reads repeated later evict last) and "
