@@ -167,7 +167,7 @@ def main(argv: list[str] | None = None) -> int:
                    "4 (reads repeated later evict last), 8 (no .nc loads), 16 (loads ask L1 to keep their lines); "
                    "0 none, -1 the policy's")
     c.add_argument("--overlap", type=int, default=-1,
-                   help="backward over a cluster: pass 2's chunks loaded between the barrier's arrive and wait")
+                   help="backward over a cluster: pass 2's chunks loaded inside the cluster exchange")
     c.add_argument("--cache-row", type=int, default=-1, choices=(-1, 0, 1),
                    help="hold the row (x; the backward's x and dy) in registers between the passes (1) or "
                         "read it again (0)")

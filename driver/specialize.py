@@ -359,11 +359,12 @@ def row_layout(n: int, vec: int, held_bytes: int, tgt: targets.Target, tpr: int 
                cluster: int = 0, narrow: bool = False) -> Layout:
     """The forward's layout: rows that do not fit one block's registers are split over a
     thread-block cluster where the target has clusters, until a block's share does. Rows that
-    fit stay in one block: on the H200, N=65536 in bf16 ran at 3931-3958 GB/s in one block of
-    1024 threads, 3908-3947 over 4 blocks with the exchange by pushes (3516-3549 with the cluster
-    barrier), 3654-3672 over 8 and 3362-3381 over 2 (docs/results/*tune-v40*, -v41); at 32768,
-    3973-3985 over 2 blocks against the one-block streamed row's 4037-4051. See
-    _row_block_layout for a block's share.
+    fit stay in one block, except the rows `narrow` below moves to a capped cluster: on the
+    H200, N=65536 in bf16 ran at 3931-3958 GB/s in one block of 1024 threads, 3908-3947 over 4
+    blocks with the exchange by pushes but no register cap (3516-3549 with the cluster barrier),
+    3654-3672 over 8 and 3362-3381 over 2 (docs/results/*tune-v40*, -v41); at 32768, 3973-3985
+    over 2 blocks against the one-block streamed row's 4037-4051. See _row_block_layout for a
+    block's share.
 
     narrow (the caller's policy may allow it): a row that fills a 1024-thread block with 8
     chunks of 16 bytes per thread on NVIDIA (N=65536 in 16-bit types) takes chunks of 8 bytes
@@ -495,7 +496,7 @@ class Options:
                    f"must be an int from 0 (the policy's) to {MAX_MIN_BLOCKS}")
         _check_int("hints", self.hints, -1, 31,
                    f"choose -1 (the policy's), 0 (none), or a sum of {HINT_LAST_READ} (last reads evict first), "
-                   f"{HINT_STORES} (stores evict first), {HINT_KEEP} (reads repeated later evict last) and "
+                   f"{HINT_STORES} (stores evict first), {HINT_KEEP} (reads repeated later evict last), "
                    f"{HINT_COHERENT} (no .nc loads) and {HINT_L1_KEEP} (loads ask L1 to keep their lines)")
         _check_int("cache_row", self.cache_row, -1, 1,
                    "choose 1 (the row held in registers), 0 (read again) or -1 (the policy's)")
@@ -545,8 +546,8 @@ class Options:
         # The policy: push wherever a row is split over a cluster. On the H200 (docs/results/
         # *tune-v40*, -v41, bf16, two placements x two rounds), against the cluster barrier: backward
         # 65536 3615-3804 vs 3459-3465 GB/s (no weight 3562-3751 vs 3178-3276), 32768 3765-3956 vs
-        # 3646-3658; forward split over 4 blocks at 65536 3908-3947 vs 3516-3549 (one block, the
-        # forward's policy, ran 3931-3958). Likely why: barrier.cluster.arrive releases (it waits
+        # 3646-3658; forward split over 4 blocks at 65536 3908-3947 vs 3516-3549 (the basis of
+        # row_layout's capped 4-block rows, *tune-v50*). Likely why: barrier.cluster.arrive releases (it waits
         # for the thread's earlier stores and copies) and every block waits for the slowest
         # thread of every peer; a push orders nothing else and one thread per block signals.
         lay = replace(lay, push=lay.cluster > 1 and self.push != 0 and tgt.cluster_push_piece is not None)
@@ -584,7 +585,6 @@ def common_values(opts: Options) -> dict[str, str]:
         "CLUSTER_PIECE": (tgt.cluster_push_piece if lay.push else tgt.cluster_piece) if lay.cluster > 1
         else "common/cluster_sum_none.mlir",
         "CLUSTER": str(lay.cluster),
-        "CLUSTER_BYTES": str(4 * lay.cluster),
         "PREFETCH_PIECE": tgt.prefetch_piece if lay.l2_prefetch else "common/prefetch_none.mlir",
         "L2_PREFETCH": _bool(lay.l2_prefetch),
         "STAGE": _bool(lay.stage),
