@@ -18,7 +18,10 @@ and quack (``quack.rmsnorm.rmsnorm``). Peers' backward is ``torch.autograd.grad(
 retain_graph=True)`` on a retained graph, so it includes their dw reduction and autograd's overhead.
 
 Bandwidth = bytes that must move / median time of ``triton.testing.do_bench`` (warmup 25 ms,
-rep 100 ms), with e = element size of x:
+rep 100 ms), with e = element size of x. Every shape is timed in ``--rounds`` rounds (default 3),
+each over all providers in a rotated order (round r starts with provider r), and a provider's time
+is the median of its rounds, so that no provider always runs first or right after another; the
+copy ceiling is the median of as many rounds. bench.json keeps every round's time.
   fwd:    x read + y written            = 2 * M * N * e
   bwd:    x, dy read + dx written       = 3 * M * N * e
   fwdbwd: the sum of the two            = 5 * M * N * e
@@ -234,53 +237,87 @@ def gbps(nbytes: int, ms: float | None) -> float | None:
     return None if ms is None else nbytes / (ms * 1e6)
 
 
-def copy_ceiling(dtype: torch.dtype) -> dict[str, float]:
-    """Device-to-device copy of COPY_ELEMS elements; bytes = read + written."""
+def median(values: list[float]) -> float:
+    v = sorted(values)
+    mid = len(v) // 2
+    return v[mid] if len(v) % 2 else (v[mid - 1] + v[mid]) / 2
+
+
+def rotated(items: list[Any], r: int) -> list[Any]:
+    """items starting at index r (mod their count): round r's order."""
+    k = r % len(items) if items else 0
+    return items[k:] + items[:k]
+
+
+def in_rounds(names: list[str], rounds: int, time_one: Callable[[str], float]
+              ) -> tuple[dict[str, float | None], dict[str, list[float]], dict[str, str]]:
+    """Time every name in `rounds` rounds, round r in the order rotated by r; a name that raises
+    is recorded once and left out of later rounds. Returns (median per name, in the names'
+    order; None for a failed one), every round's time, and the errors."""
+    times: dict[str, list[float]] = {}
+    errors: dict[str, str] = {}
+    for r in range(rounds):
+        for name in rotated(names, r):
+            if name in errors:
+                continue
+            try:
+                times.setdefault(name, []).append(time_one(name))
+            except Exception as e:  # one failing provider records its error, the rest go on
+                errors[name] = short_error(e)
+    medians = {name: None if name in errors else median(times[name]) for name in names}
+    return medians, {k: v for k, v in times.items() if k not in errors}, errors
+
+
+def copy_ceiling(dtype: torch.dtype, rounds: int) -> dict[str, Any]:
+    """Device-to-device copy of COPY_ELEMS elements, the median of `rounds`; bytes = read + written."""
     src = torch.randn(COPY_ELEMS, device="cuda", dtype=dtype)
     dst = torch.empty_like(src)
-    ms = bench_ms(lambda: dst.copy_(src))
+    times = [bench_ms(lambda: dst.copy_(src)) for _ in range(rounds)]
+    ms = median(times)
     nbytes = 2 * src.numel() * src.element_size()
-    return {"elements": COPY_ELEMS, "bytes": nbytes, "ms": ms, "gbps": gbps(nbytes, ms)}
+    return {"elements": COPY_ELEMS, "bytes": nbytes, "ms": ms, "ms_rounds": times, "gbps": gbps(nbytes, ms)}
 
 
-def timed_call(p: Provider, op: str, x: torch.Tensor, w: torch.Tensor, dy: torch.Tensor) -> Callable[[], Any] | None:
-    """The call to time for provider p and op, or None when p does not offer op."""
+def offers(p: Provider, op: str) -> bool:
+    return (p.fwd if op == "fwd" else p.bwd if op == "bwd" else p.fwdbwd) is not None
+
+
+def timed_call(p: Provider, op: str, x: torch.Tensor, w: torch.Tensor, dy: torch.Tensor) -> Callable[[], Any]:
+    """The call to time for provider p and op (one that p offers)."""
     if op == "fwd":
-        return None if p.fwd is None else (lambda: p.fwd(x, w, EPS))
+        return lambda: p.fwd(x, w, EPS)
     setup = p.bwd if op == "bwd" else p.fwdbwd
-    return None if setup is None else setup(x, w, dy, EPS)
+    return setup(x, w, dy, EPS)
 
 
 def measure_shape(providers: list[Provider], ops: list[str], m: int, n: int,
-                  dtype: torch.dtype) -> dict[str, dict[str, Any]]:
-    """Every provider and op on one M x N shape; fresh random x, w, dy shared by all."""
+                  dtype: torch.dtype, rounds: int) -> dict[str, dict[str, Any]]:
+    """Every provider and op on one M x N shape, in `rounds` rotated rounds; fresh random x, w, dy
+    shared by all (freed before the cache is emptied)."""
+    out = _measure_shape(providers, ops, m, n, dtype, rounds)
+    torch.cuda.empty_cache()
+    return out
+
+
+def _measure_shape(providers: list[Provider], ops: list[str], m: int, n: int,
+                   dtype: torch.dtype, rounds: int) -> dict[str, dict[str, Any]]:
     x = torch.randn(m, n, device="cuda", dtype=dtype)
     w = torch.randn(n, device="cuda", dtype=dtype)
     dy = torch.randn(m, n, device="cuda", dtype=dtype)
     out = {}
     for op in ops:
         nbytes = BYTES_PER_ELEM[op] * m * n * x.element_size()
-        row: dict[str, Any] = {"M": m, "N": n, "bytes": nbytes, "ms": {}, "gbps": {}, "errors": {}}
-        for p in providers:
-            ms = None
-            try:
-                call = timed_call(p, op, x, w, dy)
-                if call is None:
-                    continue
-                ms = bench_ms(call)
-            except Exception as e:  # one failing provider records None, the rest go on
-                row["errors"][p.name] = short_error(e)
-            finally:
-                call = None  # drop the retained graph before the next provider
-            row["ms"][p.name] = ms
-            row["gbps"][p.name] = gbps(nbytes, ms)
+        by_name = {p.name: p for p in providers if offers(p, op)}
+        # A fresh setup per round (a retained graph for the backward), dropped once timed.
+        ms, ms_rounds, errors = in_rounds(
+            list(by_name), rounds, lambda name, op=op, by_name=by_name: bench_ms(timed_call(by_name[name], op, x, w, dy)))
+        row = {"M": m, "N": n, "bytes": nbytes, "ms": ms, "ms_rounds": ms_rounds,
+               "gbps": {k: gbps(nbytes, v) for k, v in ms.items()}, "errors": errors}
         out[op] = row
         cells = " | ".join(f"{k} {fmt(v, 0)}" for k, v in row["gbps"].items())
         print(f"{op:6s} {m}x{n}: {cells} GB/s", flush=True)
         for k, err in row["errors"].items():
             print(f"    {k}: {err}", flush=True)
-    del x, w, dy
-    torch.cuda.empty_cache()
     return out
 
 
@@ -296,26 +333,20 @@ def host_us(fn: Callable[[], Any], calls: int = SMALL_CALLS) -> float:
     return (time.perf_counter() - t0) / calls * 1e6
 
 
-def small_row(providers: list[Provider], m: int, dtype: torch.dtype) -> dict[str, Any]:
-    """Host-visible us per forward call of every provider on one m x SMALL_N shape."""
+def small_row(providers: list[Provider], m: int, dtype: torch.dtype, rounds: int) -> dict[str, Any]:
+    """Host-visible us per forward call of every provider on one m x SMALL_N shape: the median of
+    `rounds` rotated rounds."""
     x = torch.randn(m, SMALL_N, device="cuda", dtype=dtype)
     w = torch.randn(SMALL_N, device="cuda", dtype=dtype)
-    row: dict[str, Any] = {"M": m, "N": SMALL_N, "calls": SMALL_CALLS, "us": {}, "errors": {}}
-    for p in providers:
-        if p.fwd is None:
-            continue
-        try:
-            row["us"][p.name] = host_us(lambda fwd=p.fwd: fwd(x, w, EPS))
-        except Exception as e:  # recorded, the rest go on
-            row["us"][p.name] = None
-            row["errors"][p.name] = short_error(e)
-    return row
+    fwd = {p.name: p.fwd for p in providers if p.fwd is not None}
+    us, us_rounds, errors = in_rounds(list(fwd), rounds, lambda name: host_us(lambda: fwd[name](x, w, EPS)))
+    return {"M": m, "N": SMALL_N, "calls": SMALL_CALLS, "us": us, "us_rounds": us_rounds, "errors": errors}
 
 
-def measure_small(providers: list[Provider], dtype: torch.dtype) -> list[dict[str, Any]]:
+def measure_small(providers: list[Provider], dtype: torch.dtype, rounds: int) -> list[dict[str, Any]]:
     rows = []
     for m in SMALL_MS:
-        row = small_row(providers, m, dtype)
+        row = small_row(providers, m, dtype, rounds)
         print(f"small  {m}x{SMALL_N}: " + " | ".join(f"{k} {fmt(v, 1)}" for k, v in row["us"].items()) + " us",
               flush=True)
         for k, err in row["errors"].items():
@@ -360,13 +391,15 @@ def op_table(op: str, rows: list[dict[str, Any]], copy_gbps: float, peers: set[s
 def small_table(rows: list[dict[str, Any]]) -> str:
     names = list(dict.fromkeys(k for r in rows for k in r["us"]))
     body = [[f"{r['M']}x{r['N']}", *(fmt(r["us"].get(k), 1) for k in names)] for r in rows]
-    return f"small M, fwd (host-visible us per call over {SMALL_CALLS} calls)\n" + table(["M x N", *names], body)
+    return (f"small M, fwd (host-visible us per call over {SMALL_CALLS} calls, median of the rounds)\n"
+            + table(["M x N", *names], body))
 
 
 def summary(data: dict[str, Any], peers: set[str]) -> str:
     c = data["copy"]
     parts = [f"{data['gpu']} | torch {data['versions']['torch']} | {data['dtype']} | "
-             f"copy {c['gbps']:.0f} GB/s ({c['elements']} elements, read + write)"]
+             f"copy {c['gbps']:.0f} GB/s ({c['elements']} elements, read + write) | "
+             f"medians of {data.get('rounds', 1)} rotated rounds"]
     for op, rows in data["results"].items():
         if rows:
             parts.append(op_table(op, rows, c["gbps"], peers))
@@ -429,7 +462,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--peers-dir", help="folder added with site.addsitedir before importing the peers")
     ap.add_argument("--ops", default="fwd,bwd", help=f"comma list out of {','.join(OPS)} (default: fwd,bwd)")
     ap.add_argument("--dtype", default="bf16", choices=sorted(DTYPES), help="x and weight dtype (default: bf16)")
+    ap.add_argument("--rounds", type=int, default=3,
+                    help="rounds per shape, each over every provider in a rotated order; the median is kept (default: 3)")
     args = ap.parse_args(argv)
+    if args.rounds < 1:
+        ap.error(f"--rounds {args.rounds}: give at least 1")
     args.ops = [o.strip() for o in args.ops.split(",") if o.strip()]
     bad = [o for o in args.ops if o not in OPS]
     if bad or not args.ops:
@@ -451,19 +488,21 @@ def main(argv: list[str] | None = None) -> int:
         "gpu": torch.cuda.get_device_name(), "versions": versions(),
         "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
         "dtype": args.dtype, "eps": EPS, "elements_per_shape": TOTAL,
-        "timing": "triton.testing.do_bench median (warmup 25 ms, rep 100 ms); small M: wall clock",
-        "providers": status, "copy": copy_ceiling(dtype), "results": {op: [] for op in args.ops}, "small_m": [],
+        "timing": "triton.testing.do_bench median (warmup 25 ms, rep 100 ms); small M: wall clock; "
+                  "each the median of the rounds, run in rotated provider order",
+        "rounds": args.rounds, "providers": status, "copy": copy_ceiling(dtype, args.rounds),
+        "results": {op: [] for op in args.ops}, "small_m": [],
     }
     torch.cuda.empty_cache()
     print(f"copy: {data['copy']['gbps']:.0f} GB/s", flush=True)
     for n in QUICK_NS if args.quick else FULL_NS:
         t0 = time.perf_counter()
-        for op, row in measure_shape(providers, args.ops, TOTAL // n, n, dtype).items():
+        for op, row in measure_shape(providers, args.ops, TOTAL // n, n, dtype, args.rounds).items():
             data["results"][op].append(row)
         save_json(out, data)
         print(f"       ({time.perf_counter() - t0:.0f} s for N={n})", flush=True)
     if "fwd" in args.ops:
-        data["small_m"] = measure_small(providers, dtype)
+        data["small_m"] = measure_small(providers, dtype, args.rounds)
     save_json(out, data)
     try:
         plot(out / "bench.png", data)

@@ -16,15 +16,9 @@ import os
 import sys
 
 VARIANTS = {  # (op, N, dtype): layouts to compare, as NORMIR_TPR values ("0": the policy's)
-    # This session's policy choices against what they replaced (run with PLACEMENTS=2 or more):
-    # rows over clusters exchange by pushes (against the cluster barrier, a0); streamed and
-    # re-read rows ask L1 to keep what they load (hint bit 16; without it: h5r0 and h3); the
-    # forward's N=65536 over 4 capped blocks (against one block per row, 0x1).
-    ("bwd", 65536, "bf16"): ("0", "0a0"),
-    ("bwd", 32768, "bf16"): ("0", "0a0"),
-    ("fwd", 7168, "bf16"): ("0", "448h5r0"),
-    ("bwd", 4096, "bf16"): ("0", "0h3"),
-    ("fwd", 65536, "bf16"): ("0", "0x1"),
+    # Forward 65536 over 8 blocks of 128 threads capped at 8 per multiprocessor (16 chunks of 8
+    # bytes, or 8 of 16 bytes) against the policy's 4 of 256.
+    ("fwd", 65536, "bf16"): ("0", "128x8m8v4", "128x8m8"),
 }
 KERNEL = {"fwd": "rmsnorm_fwd", "bwd": "rmsnorm_bwd"}
 

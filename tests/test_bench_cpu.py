@@ -1,0 +1,62 @@
+"""The benchmark's rounds (scripts/bench.py): rotated order, medians, failures kept out."""
+
+from __future__ import annotations
+
+import importlib.util
+import sys
+from pathlib import Path
+
+import pytest
+
+pytestmark = pytest.mark.cpu
+
+_spec = importlib.util.spec_from_file_location("bench", Path(__file__).parent.parent / "scripts" / "bench.py")
+bench = importlib.util.module_from_spec(_spec)
+sys.modules.setdefault("bench", bench)  # its dataclasses look their module up there
+_spec.loader.exec_module(bench)
+
+
+def test_median_and_rotation():
+    assert bench.median([3.0]) == 3.0
+    assert bench.median([5.0, 1.0, 3.0]) == 3.0
+    assert bench.median([4.0, 1.0, 3.0, 2.0]) == 2.5
+    assert bench.rotated(["a", "b", "c"], 0) == ["a", "b", "c"]
+    assert bench.rotated(["a", "b", "c"], 1) == ["b", "c", "a"]
+    assert bench.rotated(["a", "b", "c"], 4) == ["b", "c", "a"]
+    assert bench.rotated([], 2) == []
+
+
+def test_rounds_rotate_the_order_and_keep_medians():
+    calls, values = [], {"a": iter([1.0, 9.0, 2.0]), "b": iter([5.0, 4.0, 6.0]), "c": iter([7.0, 7.0, 8.0])}
+
+    def time_one(name):
+        calls.append(name)
+        return next(values[name])
+
+    medians, rounds, errors = bench.in_rounds(["a", "b", "c"], 3, time_one)
+    assert calls == ["a", "b", "c", "b", "c", "a", "c", "a", "b"]  # each round starts one later
+    assert medians == {"a": 2.0, "b": 5.0, "c": 7.0} and list(medians) == ["a", "b", "c"]
+    assert rounds == {"a": [1.0, 9.0, 2.0], "b": [5.0, 4.0, 6.0], "c": [7.0, 7.0, 8.0]}
+    assert errors == {}
+
+
+def test_a_failing_provider_is_recorded_once_and_skipped_after():
+    calls = []
+
+    def time_one(name):
+        calls.append(name)
+        if name == "bad" and calls.count("bad") == 2:
+            raise RuntimeError("out of memory\nmore text")
+        return 1.0
+
+    medians, rounds, errors = bench.in_rounds(["ok", "bad"], 3, time_one)
+    assert calls.count("bad") == 2 and calls.count("ok") == 3
+    assert medians == {"ok": 1.0, "bad": None}
+    assert "bad" not in rounds and errors == {"bad": "RuntimeError: out of memory"}
+
+
+def test_rounds_must_be_positive(capsys):
+    with pytest.raises(SystemExit):
+        bench.parse_args(["--rounds", "0"])
+    assert "--rounds 0" in capsys.readouterr().err
+    assert bench.parse_args([]).rounds == 3
