@@ -24,7 +24,7 @@ from pathlib import Path
 
 from . import compiler, env, library, targets
 from .kernels import KERNELS
-from .specialize import Options, common_values, mlir_root, specialize, substitute
+from .specialize import MAX_HINTS, Options, common_values, mlir_root, specialize, substitute
 
 
 def _options_from_args(a: argparse.Namespace, kernel: str) -> Options:
@@ -162,9 +162,10 @@ def main(argv: list[str] | None = None) -> int:
     c.add_argument("--stage", type=int, default=-1, choices=(-1, 0, 1), help="stage rows in shared memory")
     c.add_argument("--min-blocks", type=int, default=0,
                    help="blocks per multiprocessor the registers must allow (NVVM minctasm; 0: the policy's)")
-    c.add_argument("--hints", type=int, default=-1, choices=range(-1, 32), metavar="H",
+    c.add_argument("--hints", type=int, default=-1, choices=range(-1, MAX_HINTS + 1), metavar="H",
                    help="L2 eviction hints, a sum of 1 (last reads evict first), 2 (stores evict first), "
-                   "4 (reads repeated later evict last), 8 (no .nc loads), 16 (loads ask L1 to keep their lines); "
+                   "4 (reads repeated later evict last), 8 (no .nc loads), 16 (loads ask L1 to keep their lines), "
+                   "32 (the forward's last reads ask L1 to evict them first); "
                    "0 none, -1 the policy's")
     c.add_argument("--overlap", type=int, default=-1,
                    help="backward over a cluster: pass 2's chunks loaded inside the cluster exchange")

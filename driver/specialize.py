@@ -42,8 +42,9 @@ MAX_MIN_BLOCKS = 32  # NVVM's .minnctapersm: at most the resident blocks of a mu
 # Options.hints bits (see mlir/common/cache_hint_nvvm.mlir): a row's last read asks L2 to evict
 # its lines first; stores do; a first read that pass 2 repeats asks L2 to keep them; loads skip
 # the non-coherent (.nc) path; loads ask L1 to keep their lines (.L1::evict_last).
-HINT_LAST_READ, HINT_STORES, HINT_KEEP, HINT_COHERENT, HINT_L1_KEEP = 1, 2, 4, 8, 16
-HINT_LOADS = HINT_LAST_READ | HINT_KEEP | HINT_COHERENT | HINT_L1_KEEP
+HINT_LAST_READ, HINT_STORES, HINT_KEEP, HINT_COHERENT, HINT_L1_KEEP, HINT_L1_FIRST = 1, 2, 4, 8, 16, 32
+HINT_LOADS = HINT_LAST_READ | HINT_KEEP | HINT_COHERENT | HINT_L1_KEEP | HINT_L1_FIRST
+MAX_HINTS = 63
 MAX_CLUSTER = 8  # blocks of a thread-block cluster that share one row (the portable limit)
 FWD_WIDE_CLUSTER = 4  # the forward's rows that fill a 1024-thread block: blocks per row (see row_layout)
 # The backward splits rows whose dw sums need more than this many registers per thread: with
@@ -348,11 +349,16 @@ def _fwd_streamed(lay: Layout) -> Layout:
     3346-3372 vs 3911-3942 held in 8-byte chunks). Both passes' loads also ask L1 to keep their
     lines (.L1::evict_last, as Triton spells eviction_policy='evict_last'), *tune-v49*: 7168
     4128-4156 vs 4081-4083, 16384 4044-4069 vs 4015-4037, 32768 4053-4079 vs 4018-4050; 1024-8192
-    within 0.3% either way."""
+    within 0.3% either way. Rows of 4 chunks per thread (N=16384, 32768) have pass 2's reads ask
+    L1 to evict them first instead (.L1::evict_first, as Inductor's last reads do; HINT_L1_FIRST),
+    *tune-v57*, -v58 (two runs, three placements x two rounds): 32768 4071-4097 vs 4054-4082 and
+    4083-4109 vs 4073-4096, 16384 4057-4078 vs 4056-4063 and 4072-4099 vs 4077-4079; on 2-chunk
+    rows (1024-8192) within 0.3% either way, so those keep evict_last."""
     k = 2 if lay.nchunk <= 2 * (MAX_THREADS // 2) else 4
     tpr = -(-math.ceil(lay.nchunk / k) // lay.warp) * lay.warp
+    hints = HINT_LAST_READ | HINT_KEEP | HINT_L1_KEEP | (HINT_L1_FIRST if k == 4 else 0)
     return replace(lay, tpr=tpr, rows=1, k=-(-lay.nchunk // tpr), kfull=lay.nchunk // tpr, cache_row=False,
-                   prefetch_w=False, hints=HINT_LAST_READ | HINT_KEEP | HINT_L1_KEEP)
+                   prefetch_w=False, hints=hints)
 
 
 def row_layout(n: int, vec: int, held_bytes: int, tgt: targets.Target, tpr: int = 0, w_bytes: int = 2,
@@ -494,10 +500,11 @@ class Options:
         _check_int("stage", self.stage, -1, 1, "choose 1 (on), 0 (off) or -1 (the policy's)")
         _check_int("min_blocks", self.min_blocks, 0, MAX_MIN_BLOCKS,
                    f"must be an int from 0 (the policy's) to {MAX_MIN_BLOCKS}")
-        _check_int("hints", self.hints, -1, 31,
+        _check_int("hints", self.hints, -1, MAX_HINTS,
                    f"choose -1 (the policy's), 0 (none), or a sum of {HINT_LAST_READ} (last reads evict first), "
                    f"{HINT_STORES} (stores evict first), {HINT_KEEP} (reads repeated later evict last), "
-                   f"{HINT_COHERENT} (no .nc loads) and {HINT_L1_KEEP} (loads ask L1 to keep their lines)")
+                   f"{HINT_COHERENT} (no .nc loads), {HINT_L1_KEEP} (loads ask L1 to keep their lines) and "
+                   f"{HINT_L1_FIRST} (the forward's last reads ask L1 to evict them first)")
         _check_int("cache_row", self.cache_row, -1, 1,
                    "choose 1 (the row held in registers), 0 (read again) or -1 (the policy's)")
         _check_int("push", self.push, -1, 1,
@@ -597,6 +604,8 @@ def common_values(opts: Options) -> dict[str, str]:
         "POLICY_KEEP": "evict_last" if lay.hints & HINT_KEEP else "evict_normal",
         "LD_NC": "" if lay.hints & HINT_COHERENT else ".nc",
         "LD_L1": ".L1::evict_last" if lay.hints & HINT_L1_KEEP else "",
+        "LD_L1_LAST": ".L1::evict_first" if lay.hints & HINT_L1_FIRST else
+        ".L1::evict_last" if lay.hints & HINT_L1_KEEP else "",
         "KERNEL_ATTRS": tgt.min_blocks_attr.format(lay.min_blocks) if lay.min_blocks else "",
         "EB": str(eb),
         "NSUB": str(lay.nsub),

@@ -404,8 +404,9 @@ gpu.module @normir [${TARGET}] {
         %xe = arith.addi %xe0, %col : index
         %dye0 = arith.muli %row, %dy_stride : index
         %dye = arith.addi %dye0, %col : index
-        %a1 = func.call @normir_ld_hint(%x_base, %xe, %policy) : (index, index, i64) -> vector<${V}x${T}>
-        %b1 = func.call @normir_ld_hint(%dy_base, %dye, %policy) : (index, index, i64) -> vector<${V}x${T}>
+        %l1_same = arith.constant false  // both passes' loads take the same L1 qualifier
+        %a1 = func.call @normir_ld_hint(%x_base, %xe, %policy, %l1_same) : (index, index, i64, i1) -> vector<${V}x${T}>
+        %b1 = func.call @normir_ld_hint(%dy_base, %dye, %policy, %l1_same) : (index, index, i64, i1) -> vector<${V}x${T}>
         scf.yield %a1, %b1 : vector<${V}x${T}>, vector<${V}x${T}>
       } else {
         %a1 = vector.load %x[%row, %col] {alignment = ${ALIGN}} : memref<?x${N}x${T}, strided<[?, 1]>>, vector<${V}x${T}>

@@ -63,6 +63,7 @@ gpu.module @normir [${TARGET}] {
     %eps = arith.constant ${EPS} : f32
     %inv_n = arith.constant ${INV_N} : f32
     %zero_f = arith.constant 0.0 : f32
+    %true = arith.constant true
     %zero_v = arith.constant dense<0.0> : vector<${V}xf32>
     %zero_t = arith.constant dense<0.0> : vector<${V}x${T}>
 
@@ -139,7 +140,7 @@ gpu.module @normir [${TARGET}] {
               %m = scf.if %hint_ld -> (vector<${V}x${T}>) {
                 %e0 = arith.muli %row, %x_stride : index
                 %e = arith.addi %e0, %col : index
-                %h = func.call @normir_ld_hint(%x_base, %e, %pol_pass1) : (index, index, i64) -> vector<${V}x${T}>
+                %h = func.call @normir_ld_hint(%x_base, %e, %pol_pass1, %cache_row) : (index, index, i64, i1) -> vector<${V}x${T}>
                 scf.yield %h : vector<${V}x${T}>
               } else {
                 %l = vector.load %x[%row, %col] {alignment = ${ALIGN}} : memref<?x${N}x${T}, strided<[?, 1]>>, vector<${V}x${T}>
@@ -213,7 +214,7 @@ gpu.module @normir [${TARGET}] {
               %v = scf.if %hint_ld -> (vector<${V}x${T}>) {
                 %e0 = arith.muli %row, %x_stride : index
                 %e = arith.addi %e0, %col : index
-                %h = func.call @normir_ld_hint(%x_base, %e, %pol_first) : (index, index, i64) -> vector<${V}x${T}>
+                %h = func.call @normir_ld_hint(%x_base, %e, %pol_first, %true) : (index, index, i64, i1) -> vector<${V}x${T}>
                 scf.yield %h : vector<${V}x${T}>
               } else {
                 %l = vector.load %x[%row, %col] {alignment = ${ALIGN}} : memref<?x${N}x${T}, strided<[?, 1]>>, vector<${V}x${T}>

@@ -11,7 +11,17 @@ import pytest
 from normir import specialize as S
 from normir import targets
 from normir.kernels import KERNELS
-from normir.specialize import HINT_KEEP, HINT_L1_KEEP, HINT_LAST_READ, HINT_STORES, MAX_N, Options, SpecializationError
+from normir.specialize import (
+    HINT_KEEP,
+    HINT_L1_FIRST,
+    HINT_L1_KEEP,
+    HINT_LAST_READ,
+    HINT_STORES,
+    MAX_N,
+    Options,
+    SpecializationError,
+    specialize,
+)
 
 pytestmark = pytest.mark.cpu
 
@@ -371,23 +381,38 @@ def test_hint_policy():
     assert hints(n=2048) == 0  # held in registers
     assert hints(n=16384, stage=1) == 0
     # The forward: rows of 128-4096 chunks are streamed, pass 1 keeping its lines and pass 2's
-    # reads evicting them first from L2, both keeping them in L1; rows held in registers get none.
-    assert hints("rmsnorm_fwd", n=32768) == hints("rmsnorm_fwd") == hints("rmsnorm_fwd", n=1024) == \
+    # reads evicting them first from L2, both keeping them in L1, except that rows of 4 chunks per
+    # thread (16384, 32768) have pass 2 ask L1 to evict them first; rows held in registers get none.
+    assert hints("rmsnorm_fwd") == hints("rmsnorm_fwd", n=1024) == hints("rmsnorm_fwd", n=8192) == \
         HINT_LAST_READ | HINT_KEEP | HINT_L1_KEEP == 21
+    assert hints("rmsnorm_fwd", n=16384) == hints("rmsnorm_fwd", n=32768) == 21 | HINT_L1_FIRST == 53
     assert hints("rmsnorm_fwd", n=65536) == hints("rmsnorm_fwd", n=512) == hints("rmsnorm_fwd", cache_row=1) == 0
     assert hints("rmsnorm_fwd", tpr=256) == hints("rmsnorm_fwd", hints=0) == 0  # forced: no streaming
     assert hints("rmsnorm_fwd", n=32768, hints=2) == 2
     assert hints(target="gfx950") == hints(vec=4) == hints(n=4095) == 0  # no hints there
-    assert hints(hints=0) == 0 and hints(n=8192, hints=15) == 15 and hints(n=8192, hints=31) == 31
+    assert hints(hints=0) == 0 and hints(n=8192, hints=15) == 15 and hints(n=8192, hints=63) == 63
     with pytest.raises(ValueError, match=r"^hints=3: rmsnorm_bwd on gfx950 has no L2 eviction hints for 16-byte"):
         Options(kernel="rmsnorm_bwd", n=4096, target="gfx950", hints=3)
     with pytest.raises(ValueError, match=r"^hints=1: rmsnorm_fwd on sm_90 has no L2 eviction hints for 8-byte"):
         Options(kernel="rmsnorm_fwd", n=4096, vec=4, hints=1)
-    for bad in (32, -2, True, 1.0):
+    for bad in (64, -2, True, 1.0):
         with pytest.raises(ValueError, match=r"^hints=.* choose -1 \(the policy's\), 0 \(none\), or a sum of"):
             Options(kernel="rmsnorm_fwd", n=4096, hints=bad)
     with pytest.raises(ValueError, match=r"^hints=1: rmsnorm_dw_reduce on sm_90 has no L2 eviction hints"):
         Options(kernel="rmsnorm_dw_reduce", n=4096, dtype="f32", hints=1)
+
+
+def test_l1_qualifier_of_last_reads():
+    # Bit 32 gives the forward's last reads .L1::evict_first; without it they take the other
+    # loads' qualifier (.L1::evict_last with bit 16, none without); the backward never uses it.
+    def text(kernel="rmsnorm_fwd", **kw):
+        return specialize(Options(kernel=kernel, n=4096, tpr=256, cache_row=0, **kw))
+
+    assert text(hints=53).count("ld.global.nc.L1::evict_first.L2") == 1
+    assert text(hints=53).count("ld.global.nc.L1::evict_last.L2") == 1
+    assert text(hints=21).count("ld.global.nc.L1::evict_last.L2") == 2 and "evict_first.L2" not in text(hints=21)
+    assert text(hints=5).count("ld.global.nc.L2::cache_hint") == 2
+    assert text(hints=61).count("ld.global.L1::evict_first.L2") == 1  # coherent: no .nc
 
 
 def test_nvidia_forward_row_shapes():
@@ -675,7 +700,8 @@ def test_fwd_streamed_policy():
     streamed = {1024: (64, 2), 2880: (192, 2), 8192: (512, 2), 12288: (384, 4), 32768: (1024, 4)}
     for n, (tpr, k) in streamed.items():
         got = lay(n)
-        assert (got.tpr, got.k, got.rows, got.cache_row, got.prefetch_w, got.hints) == (tpr, k, 1, False, False, 21)
+        hints = 21 if k == 2 else 53  # 4-chunk rows: pass 2's reads ask L1 to evict first
+        assert (got.tpr, got.k, got.rows, got.cache_row, got.prefetch_w, got.hints) == (tpr, k, 1, False, False, hints)
     assert lay(16384, dtype="f32", wdtype="f32").tpr == 1024 and not lay(16384, dtype="f32", wdtype="f32").cache_row
     assert not lay(4096, target="sm_80").cache_row  # every NVVM target with the hint piece
     for held_row in (lay(1016), lay(32776), lay(16392, dtype="f32", wdtype="f32"), lay(4096, vec=4),

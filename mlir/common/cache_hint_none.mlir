@@ -12,7 +12,7 @@
     %p = arith.constant 0 : i64
     return %p : i64
   }
-  func.func private @normir_ld_hint(%base: index, %elem: index, %policy: i64) -> vector<${V}x${T}>
+  func.func private @normir_ld_hint(%base: index, %elem: index, %policy: i64, %last: i1) -> vector<${V}x${T}>
       attributes {llvm.linkage = #llvm.linkage<internal>} {
     %eb = arith.constant ${EB} : index
     %byte = arith.muli %elem, %eb : index
