@@ -16,7 +16,8 @@
 // thread copies its chunks of the block's next row into shared memory (cp.async) while the
 // current row, in registers, is normalized and written (an option: on the H200 it measured
 // 4-11% slower than a block per row, see driver/specialize.py). HINT_LD / HINT_ST: x's loads and
-// y's stores carry an L2 eviction policy (16-byte chunks on NVVM targets; options, off by default).
+// y's stores carry an L2 eviction policy and, on loads, an L1 one (16-byte chunks on NVVM targets;
+// the policy's streamed rows use the load hints, a row's last read marked as such).
 //
 // Placeholders: N, T (x/y type), WT (weight type), EPS, V, ALIGN, BLOCK, ROWS, TPR, K, KFULL,
 // NCHUNK, CLUSTER, NSUB, EB (bytes per element), STAGE, STAGE_BLOCK_BYTES, HAS_WEIGHT, STORE_RSTD,
