@@ -42,6 +42,7 @@ import importlib.metadata
 import json
 import os
 import site
+import statistics
 import sys
 import time
 from collections.abc import Callable
@@ -237,12 +238,6 @@ def gbps(nbytes: int, ms: float | None) -> float | None:
     return None if ms is None else nbytes / (ms * 1e6)
 
 
-def median(values: list[float]) -> float:
-    v = sorted(values)
-    mid = len(v) // 2
-    return v[mid] if len(v) % 2 else (v[mid - 1] + v[mid]) / 2
-
-
 def rotated(items: list[Any], r: int) -> list[Any]:
     """items starting at index r (mod their count): round r's order."""
     k = r % len(items) if items else 0
@@ -264,7 +259,7 @@ def in_rounds(names: list[str], rounds: int, time_one: Callable[[str], float]
                 times.setdefault(name, []).append(time_one(name))
             except Exception as e:  # one failing provider records its error, the rest go on
                 errors[name] = short_error(e)
-    medians = {name: None if name in errors else median(times[name]) for name in names}
+    medians = {name: None if name in errors else statistics.median(times[name]) for name in names}
     return medians, {k: v for k, v in times.items() if k not in errors}, errors
 
 
@@ -273,7 +268,7 @@ def copy_ceiling(dtype: torch.dtype, rounds: int) -> dict[str, Any]:
     src = torch.randn(COPY_ELEMS, device="cuda", dtype=dtype)
     dst = torch.empty_like(src)
     times = [bench_ms(lambda: dst.copy_(src)) for _ in range(rounds)]
-    ms = median(times)
+    ms = statistics.median(times)
     nbytes = 2 * src.numel() * src.element_size()
     return {"elements": COPY_ELEMS, "bytes": nbytes, "ms": ms, "ms_rounds": times, "gbps": gbps(nbytes, ms)}
 

@@ -16,10 +16,7 @@ sys.modules.setdefault("bench", bench)  # its dataclasses look their module up t
 _spec.loader.exec_module(bench)
 
 
-def test_median_and_rotation():
-    assert bench.median([3.0]) == 3.0
-    assert bench.median([5.0, 1.0, 3.0]) == 3.0
-    assert bench.median([4.0, 1.0, 3.0, 2.0]) == 2.5
+def test_rotation():
     assert bench.rotated(["a", "b", "c"], 0) == ["a", "b", "c"]
     assert bench.rotated(["a", "b", "c"], 1) == ["b", "c", "a"]
     assert bench.rotated(["a", "b", "c"], 4) == ["b", "c", "a"]
