@@ -165,7 +165,7 @@ def main(argv: list[str] | None = None) -> int:
     c.add_argument("--hints", type=int, default=-1, choices=range(-1, MAX_HINTS + 1), metavar="H",
                    help="L2 eviction hints, a sum of 1 (last reads evict first), 2 (stores evict first), "
                    "4 (reads repeated later evict last), 8 (no .nc loads), 16 (loads ask L1 to keep their lines), "
-                   "32 (the forward's last reads ask L1 to evict them first); "
+                   "32 (the forward's last reads ask L1 to evict them first), 64 (loads ask L2 for 256-byte blocks); "
                    "0 none, -1 the policy's")
     c.add_argument("--overlap", type=int, default=-1,
                    help="backward over a cluster: pass 2's chunks loaded inside the cluster exchange")

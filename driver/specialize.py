@@ -41,10 +41,13 @@ STAGING = {"rmsnorm_fwd": 1, "rmsnorm_bwd": 4}  # kernels with a STAGE layout: t
 MAX_MIN_BLOCKS = 32  # NVVM's .minnctapersm: at most the resident blocks of a multiprocessor
 # Options.hints bits (see mlir/common/cache_hint_nvvm.mlir): a row's last read asks L2 to evict
 # its lines first; stores do; a first read that pass 2 repeats asks L2 to keep them; loads skip
-# the non-coherent (.nc) path; loads ask L1 to keep their lines (.L1::evict_last).
+# the non-coherent (.nc) path; loads ask L1 to keep their lines (.L1::evict_last); a row's last
+# reads ask L1 to evict first (.L1::evict_first); loads ask L2 to fetch 256-byte blocks (.L2::256B).
 HINT_LAST_READ, HINT_STORES, HINT_KEEP, HINT_COHERENT, HINT_L1_KEEP, HINT_L1_FIRST = 1, 2, 4, 8, 16, 32
-HINT_LOADS = HINT_LAST_READ | HINT_KEEP | HINT_COHERENT | HINT_L1_KEEP | HINT_L1_FIRST
-MAX_HINTS = 63
+HINT_L2_256B = 64
+HINT_LOADS = HINT_LAST_READ | HINT_KEEP | HINT_COHERENT | HINT_L1_KEEP | HINT_L1_FIRST | HINT_L2_256B
+MAX_HINTS = 127
+FWD_BATCH_MAX_TPR = 512  # the forward's streamed rows batch pass 2's loads up to this many threads
 MAX_CLUSTER = 8  # blocks of a thread-block cluster that share one row (the portable limit)
 FWD_WIDE_CLUSTER = 4  # the forward's rows that fill a 1024-thread block: blocks per row (see row_layout)
 # The backward splits rows whose dw sums need more than this many registers per thread: with
@@ -77,6 +80,7 @@ class Layout:
     cache_row: bool  # row kept in registers between passes
     warp: int
     prefetch_w: bool = False  # weight chunks loaded before the reduction (registers permitting)
+    batch_reload: bool = False  # forward read twice: pass 2 loads all its x and w chunks, then computes
     dw_regs: bool = False  # backward: dw sums kept in registers across the persistent loop
     cluster: int = 1  # blocks (one thread-block cluster) sharing each row; each takes N / cluster
     l2_prefetch: bool = False  # pass 1 also asks L2 for the block's next row (prefetch.global.L2)
@@ -108,7 +112,8 @@ class Layout:
     @property
     def unroll_limit(self) -> int:
         """Unroll the chunk loops fully only when a private array must become registers."""
-        return targets.UNROLL_LIMIT if (self.cache_row or self.dw_regs or self.prefetch_w or self.overlap > 0) else 0
+        return targets.UNROLL_LIMIT if (self.cache_row or self.dw_regs or self.prefetch_w or self.overlap > 0
+                                        or self.batch_reload) else 0
 
 
 def _pow2_ceil(x: int) -> int:
@@ -287,7 +292,7 @@ def _widened(lay: Layout, buffers: int) -> Layout:
     return replace(lay, tpr=tpr, k=lay.k // 2, kfull=lay.k // 2, stage=True, stage_buffers=buffers)
 
 
-def _hint_policy(kernel: str, lay: Layout) -> int:
+def _hint_policy(kernel: str, lay: Layout, has_weight: bool) -> int:
     """The cache hints a layout gets by default, from H200 measurements (docs/results/*tune-v10*,
     -v11, -v14 and -v16, each variant timed twice in opposite orders):
 
@@ -298,12 +303,22 @@ def _hint_policy(kernel: str, lay: Layout) -> int:
       +0.1%; without a weight +7-8% at 2880 and 4096);
     - backward rows split over a cluster (32768, 65536): dx stores only (+1.3/+2.2% and +0.2/
       +0.3% in two runs, docs/results/*tune-v14*); the load hints lost 1-6% there;
+    - the backward without a weight, rows neither staged nor split over a cluster (held in
+      registers or read again): the same hints plus loads that ask L2 for 256-byte blocks
+      (.L2::256B), *tune-v60*, -v61, -v62: 1024 3793-3809 vs 3600-3615, 2048 3804-3826 vs
+      3607-3654, 2880 3780-3799 vs 3635-3685, 4096 3752-3797 vs 3563-3650. With a weight the same
+      hints lost 5-8% (held rows: 0 stays best), on staged rows (7168, 8192) they lost 0.5-1%, and
+      .L2::256B alone or with the store hint gained 0-2%;
     - the forward: what fwd_layout put in the layout (its streamed rows: pass 1 keeps, pass 2's
       reads evict first). On rows held in registers, load hints lost 1-9% and store hints about
       1% (0.3-1.5% gained at N=65536 in bf16, where 8-byte chunks gained more).
     """
     if kernel == "rmsnorm_bwd":
-        if lay.cache_row or lay.stage:
+        if lay.stage:
+            return 0
+        if not has_weight and lay.cluster == 1:
+            return HINT_LAST_READ | HINT_STORES | HINT_L1_KEEP | HINT_L2_256B
+        if lay.cache_row:
             return 0
         return HINT_STORES if lay.cluster > 1 else HINT_LAST_READ | HINT_STORES | HINT_L1_KEEP
     return lay.hints
@@ -353,12 +368,17 @@ def _fwd_streamed(lay: Layout) -> Layout:
     L1 to evict them first instead (.L1::evict_first, as Inductor's last reads do; HINT_L1_FIRST),
     *tune-v57*, -v58 (two runs, three placements x two rounds): 32768 4071-4097 vs 4054-4082 and
     4083-4109 vs 4073-4096, 16384 4057-4078 vs 4056-4063 and 4072-4099 vs 4077-4079; on 2-chunk
-    rows (1024-8192) within 0.3% either way, so those keep evict_last."""
+    rows (1024-8192) within 0.3% either way, so those keep evict_last. Rows of 4 chunks per thread
+    over at most FWD_BATCH_MAX_TPR threads (N=16384) load all of pass 2's chunks of x and w before
+    computing (batch_reload), as Triton's one-trip loop does: *tune-v63*, -v64, 4111-4138 and
+    4114-4143 vs 4070-4098 and 4070-4094 (3 blocks per multiprocessor instead of 4); at 1024
+    threads (32768) it leaves one block per multiprocessor, 3705-3728 vs 4078-4104; on 2-chunk
+    rows within noise (7168 and 8192, with and without row_sum's trailing barrier)."""
     k = 2 if lay.nchunk <= 2 * (MAX_THREADS // 2) else 4
     tpr = -(-math.ceil(lay.nchunk / k) // lay.warp) * lay.warp
     hints = HINT_LAST_READ | HINT_KEEP | HINT_L1_KEEP | (HINT_L1_FIRST if k == 4 else 0)
     return replace(lay, tpr=tpr, rows=1, k=-(-lay.nchunk // tpr), kfull=lay.nchunk // tpr, cache_row=False,
-                   prefetch_w=False, hints=hints)
+                   prefetch_w=False, hints=hints, batch_reload=k == 4 and tpr <= FWD_BATCH_MAX_TPR)
 
 
 def row_layout(n: int, vec: int, held_bytes: int, tgt: targets.Target, tpr: int = 0, w_bytes: int = 2,
@@ -503,8 +523,9 @@ class Options:
         _check_int("hints", self.hints, -1, MAX_HINTS,
                    f"choose -1 (the policy's), 0 (none), or a sum of {HINT_LAST_READ} (last reads evict first), "
                    f"{HINT_STORES} (stores evict first), {HINT_KEEP} (reads repeated later evict last), "
-                   f"{HINT_COHERENT} (no .nc loads), {HINT_L1_KEEP} (loads ask L1 to keep their lines) and "
-                   f"{HINT_L1_FIRST} (the forward's last reads ask L1 to evict them first)")
+                   f"{HINT_COHERENT} (no .nc loads), {HINT_L1_KEEP} (loads ask L1 to keep their lines), "
+                   f"{HINT_L1_FIRST} (the forward's last reads ask L1 to evict them first) and "
+                   f"{HINT_L2_256B} (loads fetch 256-byte blocks into L2)")
         _check_int("cache_row", self.cache_row, -1, 1,
                    "choose 1 (the row held in registers), 0 (read again) or -1 (the policy's)")
         _check_int("push", self.push, -1, 1,
@@ -528,7 +549,7 @@ class Options:
         if self.hints > 0 and not hintable:
             raise ValueError(f"hints={self.hints}: {self.kernel} on {self.target} has no L2 eviction hints for "
                              f"{lay.vec * DTYPES[self.dtype]}-byte chunks (they need 16 and an NVVM target); use -1 or 0")
-        hints = _hint_policy(self.kernel, lay) if self.hints == -1 and hintable else max(0, self.hints)
+        hints = _hint_policy(self.kernel, lay, self.has_weight) if self.hints == -1 and hintable else max(0, self.hints)
         lay = replace(lay, min_blocks=self.min_blocks or lay.min_blocks, hints=hints)
         if lay.prefetch_w and lay.min_blocks > 1 and lay.k * lay.vec * (held(self.dtype) + DTYPES[self.wdtype]) \
                 > tgt.reg_budget_bytes(lay.block * lay.min_blocks):
@@ -606,6 +627,8 @@ def common_values(opts: Options) -> dict[str, str]:
         "LD_L1": ".L1::evict_last" if lay.hints & HINT_L1_KEEP else "",
         "LD_L1_LAST": ".L1::evict_first" if lay.hints & HINT_L1_FIRST else
         ".L1::evict_last" if lay.hints & HINT_L1_KEEP else "",
+        "LD_PF": ".L2::256B" if lay.hints & HINT_L2_256B else "",
+        "BATCH_RELOAD": _bool(lay.batch_reload and not lay.cache_row),
         "KERNEL_ATTRS": tgt.min_blocks_attr.format(lay.min_blocks) if lay.min_blocks else "",
         "EB": str(eb),
         "NSUB": str(lay.nsub),
@@ -629,6 +652,9 @@ def common_values(opts: Options) -> dict[str, str]:
         "TPR": str(lay.tpr),
         "WPR": str(lay.wpr),
         "MULTI_WARP": _bool(lay.tpr > lay.warp),
+        # row_sum's trailing barrier guards %red for the block's next row; the forward without
+        # STAGE has one row group per block (*tune-v64*: +1% at 7168, +0.2-0.6% at 2048-8192).
+        "RED_REUSED": _bool(opts.kernel != "rmsnorm_fwd" or lay.stage),
         "SHUFFLE_STEPS": str(int(math.log2(min(lay.tpr, lay.warp)))),
         "WARP_STEPS": str(int(math.log2(lay.warp))),
         "K": str(lay.k),

@@ -21,7 +21,8 @@
 //
 // Placeholders: N, T (x/y type), WT (weight type), EPS, V, ALIGN, BLOCK, ROWS, TPR, K, KFULL,
 // NCHUNK, CLUSTER, NSUB, EB (bytes per element), STAGE, STAGE_BLOCK_BYTES, HAS_WEIGHT, STORE_RSTD,
-// CACHE_ROW, PREFETCH_W (weight chunks loaded in pass 1), HINT_LD, HINT_ST, EXT_T/EXT_WT (cast
+// CACHE_ROW, PREFETCH_W (weight chunks loaded in pass 1), BATCH_RELOAD (pass 2 reads every
+// chunk of x and w before computing), HINT_LD, HINT_ST, EXT_T/EXT_WT (cast
 // to f32), TRUNC_T (cast from f32), TARGET (gpu.module target attribute), KERNEL_ATTRS (extra
 // kernel attributes: a register bound), the pieces LATE_EXT_PIECE (pass 2's cast), CLUSTER_PIECE
 // (cross-block sum), STAGE_PIECE (asynchronous copies) and HINT_PIECE (loads and stores with an
@@ -61,6 +62,7 @@ gpu.module @normir [${TARGET}] {
     %eb = arith.constant ${EB} : index
     %hint_ld = arith.constant ${HINT_LD}
     %hint_st = arith.constant ${HINT_ST}
+    %batch_reload = arith.constant ${BATCH_RELOAD}
     %eps = arith.constant ${EPS} : f32
     %inv_n = arith.constant ${INV_N} : f32
     %zero_f = arith.constant 0.0 : f32
@@ -197,8 +199,38 @@ gpu.module @normir [${TARGET}] {
           memref.store %rstd, %rstd_out[%row] : memref<?xf32>
         }
 
-        // Pass 2: y = x * rstd * w, from the cached chunks (or x again).
+        // Pass 2: y = x * rstd * w, from the cached chunks (or x again). With BATCH_RELOAD every
+        // chunk of x and w is loaded first (into xbuf, wbuf), then all are normalized and stored.
         %rstd_v = vector.broadcast %rstd : f32 to vector<${V}xf32>
+        scf.if %batch_reload {
+          affine.for %k = 0 to ${K} {
+            %ck = arith.muli %k, %tpr : index
+            %chunk = arith.addi %ck, %lane : index
+            %col_in = arith.muli %chunk, %vw : index
+            %col = arith.addi %col_base, %col_in : index
+            %always = arith.cmpi ult, %k, %k_full : index
+            %in_row = arith.cmpi ult, %chunk, %nchunk : index
+            %live = arith.ori %always, %in_row : i1
+            scf.if %live {
+              %v = scf.if %hint_ld -> (vector<${V}x${T}>) {
+                %e0 = arith.muli %row, %x_stride : index
+                %e = arith.addi %e0, %col : index
+                %h = func.call @normir_ld_hint(%x_base, %e, %pol_first, %true) : (index, index, i64, i1) -> vector<${V}x${T}>
+                scf.yield %h : vector<${V}x${T}>
+              } else {
+                %l = vector.load %x[%row, %col] {alignment = ${ALIGN}} : memref<?x${N}x${T}, strided<[?, 1]>>, vector<${V}x${T}>
+                scf.yield %l : vector<${V}x${T}>
+              }
+              vector.store %v, %xbuf[%k, %c0] : memref<${K}x${V}x${T}, #gpu.address_space<private>>, vector<${V}x${T}>
+              scf.if %has_weight {
+                %wv = vector.load %w_arg[%col] {alignment = ${W_ALIGN}} : memref<${N}x${WT}>, vector<${V}x${WT}>
+                vector.store %wv, %wbuf[%k, %c0] : memref<${K}x${V}x${WT}, #gpu.address_space<private>>, vector<${V}x${WT}>
+              }
+            }
+          }
+        }
+        %x_held = arith.ori %cache_row, %batch_reload : i1
+        %w_held = arith.ori %prefetch_w, %batch_reload : i1
         affine.for %k = 0 to ${K} {
           %ck = arith.muli %k, %tpr : index
           %chunk = arith.addi %ck, %lane : index
@@ -208,7 +240,7 @@ gpu.module @normir [${TARGET}] {
           %in_row = arith.cmpi ult, %chunk, %nchunk : index
           %live = arith.ori %always, %in_row : i1
           scf.if %live {
-            %xv = scf.if %cache_row -> (vector<${V}x${T}>) {
+            %xv = scf.if %x_held -> (vector<${V}x${T}>) {
               %v = vector.load %xbuf[%k, %c0] : memref<${K}x${V}x${T}, #gpu.address_space<private>>, vector<${V}x${T}>
               scf.yield %v : vector<${V}x${T}>
             } else {
@@ -226,7 +258,7 @@ gpu.module @normir [${TARGET}] {
             %xf = func.call @normir_late_ext(%xv) : (vector<${V}x${T}>) -> vector<${V}xf32>
             %xn = arith.mulf %xf, %rstd_v : vector<${V}xf32>
             %yf = scf.if %has_weight -> (vector<${V}xf32>) {
-              %wv = scf.if %prefetch_w -> (vector<${V}x${WT}>) {
+              %wv = scf.if %w_held -> (vector<${V}x${WT}>) {
                 %v = vector.load %wbuf[%k, %c0] : memref<${K}x${V}x${WT}, #gpu.address_space<private>>, vector<${V}x${WT}>
                 scf.yield %v : vector<${V}x${WT}>
               } else {
@@ -254,6 +286,7 @@ gpu.module @normir [${TARGET}] {
     }
     gpu.return
   }
+
 
   // STAGE: start copying this thread's chunks of row `row` into the buffer (16 bytes each;
   // chunks past the row end are not copied and not read).

@@ -11,7 +11,7 @@ DTYPE_NAMES = ("f32", "f16", "bf16")
 # that fit one warp or a few; 2880, 5120 -> tail chunks (N not a multiple of threads x 8);
 # 8192 -> one multi-warp row per block; 65536 -> the longest register rows (bf16) or the
 # re-reading path (f32); see specialize.row_layout.
-FWD_N = (1, 100, 1024, 2048, 2880, 5120, 8192, 65536)
+FWD_N = (1, 100, 1024, 2048, 2880, 5120, 8192, 16384, 65536)
 FWD_M = (1, 199, 4096)
 EPS = (1e-6, 1e-5, 1e-2)
 LARGE_N = (131072,)  # past the register range in every dtype: the re-reading path
@@ -50,8 +50,10 @@ FORCED_CASES = (
     (65536, "f16", {"cluster": 4, "push": 0}, {"push": 0, "overlap": 4}),  # 4 blocks, all of pass 2 inside
 )
 # (N, dtype) for the backward without a weight, whose policy differs (specialize._bwd_cache_row):
-# the row held in registers, staged through shared memory, every chunk loaded inside the barrier.
-NO_WEIGHT_CASES = ((4096, "bf16"), (4096, "f16"), (2880, "f32"), (16384, "bf16"), (32768, "bf16"), (65536, "f16"))
+# the row held in registers, staged through shared memory, every chunk loaded inside the barrier,
+# and the .L2::256B loads of rows neither staged nor split (2048 held, 4096 and 2880 read again).
+NO_WEIGHT_CASES = ((2048, "bf16"), (4096, "bf16"), (4096, "f16"), (2880, "f32"), (16384, "bf16"), (32768, "bf16"),
+                   (65536, "f16"))
 
 
 def tpr_value(layout: dict) -> str:

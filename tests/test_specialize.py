@@ -15,6 +15,7 @@ from normir.specialize import (
     HINT_KEEP,
     HINT_L1_FIRST,
     HINT_L1_KEEP,
+    HINT_L2_256B,
     HINT_LAST_READ,
     HINT_STORES,
     MAX_N,
@@ -235,10 +236,12 @@ def _check_invariants(o: Options) -> None:
         assert lay.rows == 1 and lay.tpr % lay.warp == 0 and lay.wpr == lay.tpr // lay.warp
     if lay.prefetch_w:
         assert lay.cache_row
+    if lay.batch_reload:  # pass 2's loads batched: the forward's streamed rows of 4 chunks
+        assert o.kernel == "rmsnorm_fwd" and not lay.cache_row and lay.k == 4
     if o.kernel == "rmsnorm_bwd" and lay.cache_row:
         assert lay.dw_regs, "x and dy in registers but not the (smaller) dw sums"
     # A private array (row cache, dw sums, weight) becomes registers only when its loops unroll.
-    private = lay.cache_row or lay.prefetch_w or (o.kernel == "rmsnorm_bwd" and lay.dw_regs)
+    private = lay.cache_row or lay.prefetch_w or lay.batch_reload or (o.kernel == "rmsnorm_bwd" and lay.dw_regs)
     assert lay.unroll_limit == (targets.UNROLL_LIMIT if private else 0)
 
 
@@ -380,6 +383,10 @@ def test_hint_policy():
     assert hints(n=32768) == hints(n=65536) == HINT_STORES  # a cluster: stores only
     assert hints(n=2048) == 0  # held in registers
     assert hints(n=16384, stage=1) == 0
+    # Without a weight, rows neither staged nor split also ask L2 for 256-byte blocks, held or not.
+    assert hints(has_weight=False) == hints(n=1024, has_weight=False) == hints(n=2880, has_weight=False) == \
+        19 | HINT_L2_256B == 83
+    assert hints(n=8192, has_weight=False) == 0 and hints(n=32768, has_weight=False) == HINT_STORES
     # The forward: rows of 128-4096 chunks are streamed, pass 1 keeping its lines and pass 2's
     # reads evicting them first from L2, both keeping them in L1, except that rows of 4 chunks per
     # thread (16384, 32768) have pass 2 ask L1 to evict them first; rows held in registers get none.
@@ -390,12 +397,12 @@ def test_hint_policy():
     assert hints("rmsnorm_fwd", tpr=256) == hints("rmsnorm_fwd", hints=0) == 0  # forced: no streaming
     assert hints("rmsnorm_fwd", n=32768, hints=2) == 2
     assert hints(target="gfx950") == hints(vec=4) == hints(n=4095) == 0  # no hints there
-    assert hints(hints=0) == 0 and hints(n=8192, hints=15) == 15 and hints(n=8192, hints=63) == 63
+    assert hints(hints=0) == 0 and hints(n=8192, hints=15) == 15 and hints(n=8192, hints=127) == 127
     with pytest.raises(ValueError, match=r"^hints=3: rmsnorm_bwd on gfx950 has no L2 eviction hints for 16-byte"):
         Options(kernel="rmsnorm_bwd", n=4096, target="gfx950", hints=3)
     with pytest.raises(ValueError, match=r"^hints=1: rmsnorm_fwd on sm_90 has no L2 eviction hints for 8-byte"):
         Options(kernel="rmsnorm_fwd", n=4096, vec=4, hints=1)
-    for bad in (64, -2, True, 1.0):
+    for bad in (128, -2, True, 1.0):
         with pytest.raises(ValueError, match=r"^hints=.* choose -1 \(the policy's\), 0 \(none\), or a sum of"):
             Options(kernel="rmsnorm_fwd", n=4096, hints=bad)
     with pytest.raises(ValueError, match=r"^hints=1: rmsnorm_dw_reduce on sm_90 has no L2 eviction hints"):
@@ -413,6 +420,27 @@ def test_l1_qualifier_of_last_reads():
     assert text(hints=21).count("ld.global.nc.L1::evict_last.L2") == 2 and "evict_first.L2" not in text(hints=21)
     assert text(hints=5).count("ld.global.nc.L2::cache_hint") == 2
     assert text(hints=61).count("ld.global.L1::evict_first.L2") == 1  # coherent: no .nc
+    # Bit 64 asks L2 for 256-byte blocks on every hinted load (the backward's policy without a weight).
+    assert text(hints=85).count(".L2::cache_hint.L2::256B.v4") == 2 and ".L2::256B" not in text(hints=21)
+    bwd = specialize(Options(kernel="rmsnorm_bwd", n=2880, has_weight=False))
+    assert bwd.count(".L2::cache_hint.L2::256B.v4") == 2 and "st.global.L2::cache_hint.v4" in bwd
+
+
+def test_forward_batch_reload():
+    # The forward's streamed rows of 4 chunks per thread over at most 512 threads (16384 in 16-bit
+    # types) batch pass 2's loads; 2-chunk rows (8192), 1024 threads (32768) and held rows do not.
+    # Its blocks sum one row each: row_sum's trailing barrier is left out (kept when staged).
+    def lay(**kw):
+        return Options(kernel="rmsnorm_fwd", **kw).layout
+
+    assert lay(n=16384).batch_reload and lay(n=12288).batch_reload and lay(n=8192, dtype="f32", wdtype="f32").batch_reload
+    assert not (lay(n=8192).batch_reload or lay(n=32768).batch_reload or lay(n=65536).batch_reload)
+    assert not lay(n=16384, tpr=512, cache_row=0, hints=53).batch_reload  # forced layouts: not the policy's
+    values = S.common_values(Options(kernel="rmsnorm_fwd", n=16384))
+    assert values["BATCH_RELOAD"] == "true" and values["RED_REUSED"] == "false"
+    assert S.common_values(Options(kernel="rmsnorm_fwd", n=8192))["BATCH_RELOAD"] == "false"
+    assert S.common_values(Options(kernel="rmsnorm_fwd", n=8192, stage=1))["RED_REUSED"] == "true"
+    assert S.common_values(Options(kernel="rmsnorm_bwd", n=8192))["RED_REUSED"] == "true"
 
 
 def test_nvidia_forward_row_shapes():

@@ -3,7 +3,8 @@
   // TPR <= ${WARP}: butterfly shuffles with offsets < TPR stay inside the row's lane group.
   // TPR >  ${WARP}: the row is ${WPR} whole warps (one row per block); warp totals meet in %red
   // and each warp adds them up with a second butterfly.
-  // The trailing barrier lets the caller reuse %red for the next row (persistent kernels).
+  // The trailing barrier (RED_REUSED = ${RED_REUSED}) lets the caller reuse %red for the next
+  // row (persistent kernels); a kernel that sums one row per block goes without it.
   func.func private @normir_row_sum(%v: f32, %tid: index,
       %red: memref<${WPR}xf32, #gpu.address_space<workgroup>>) -> f32
       attributes {llvm.linkage = #llvm.linkage<internal>} {
@@ -45,7 +46,10 @@
         %sum = arith.addf %acc, %other : f32
         affine.yield %sum : f32
       }
-      gpu.barrier
+      %trail = arith.constant ${RED_REUSED}
+      scf.if %trail {
+        gpu.barrier
+      }
       scf.yield %all : f32
     } else {
       scf.yield %in_warp : f32
