@@ -2,7 +2,7 @@
 
   normir compile FILE.mlir|KERNEL --target sm_90 --n 4096 [--dtype bf16 ...] [--set NAME=VALUE]
                  [--tpr T --cluster C --l2-prefetch 0|1 --stage 0|1 --min-blocks B --hints H --overlap C --cache-row 0|1
-                  --push 0|1]
+                  --push 0|1 --batch-reload 0|1]
                  [--emit input|unroll|llvm|isa|bin] [-o OUT]
   normir aot --out DIR PLAN.json       compile a list of specializations into a cache folder
   normir report [--target ...]         compile every kernel at representative shapes; print sizes,
@@ -32,7 +32,7 @@ def _options_from_args(a: argparse.Namespace, kernel: str) -> Options:
                    has_weight=not a.no_weight, store_rstd=a.store_rstd, vec=a.vec, atomic_dw=a.atomic_dw,
                    tpr=a.tpr, cluster=a.cluster, l2_prefetch=a.l2_prefetch, stage=a.stage,
                    min_blocks=a.min_blocks, hints=a.hints, overlap=a.overlap,
-                   cache_row=a.cache_row, push=a.push)
+                   cache_row=a.cache_row, push=a.push, batch_reload=a.batch_reload)
 
 
 def cmd_compile(a: argparse.Namespace) -> int:
@@ -175,6 +175,9 @@ def main(argv: list[str] | None = None) -> int:
     c.add_argument("--push", type=int, default=-1, choices=(-1, 0, 1),
                    help="rows over a cluster: exchange the row totals by pushes (st.async and mbarriers, 1) or "
                         "by the cluster barrier (0)")
+    c.add_argument("--batch-reload", type=int, default=-1, choices=(-1, 0, 1),
+                   help="forward rows read twice: pass 2 loads all its chunks of x and w before computing (1) "
+                        "or chunk by chunk (0)")
     c.add_argument("--set", action="append", metavar="NAME=VALUE", help="override a placeholder")
     c.add_argument("--emit", default="isa", choices=["input", "unroll", "llvm", "isa", "bin"])
     c.add_argument("-o", "--output")

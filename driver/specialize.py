@@ -303,22 +303,18 @@ def _hint_policy(kernel: str, lay: Layout, has_weight: bool) -> int:
       +0.1%; without a weight +7-8% at 2880 and 4096);
     - backward rows split over a cluster (32768, 65536): dx stores only (+1.3/+2.2% and +0.2/
       +0.3% in two runs, docs/results/*tune-v14*); the load hints lost 1-6% there;
-    - the backward without a weight, rows neither staged nor split over a cluster (held in
-      registers or read again): the same hints plus loads that ask L2 for 256-byte blocks
-      (.L2::256B), *tune-v60*, -v61, -v62: 1024 3793-3809 vs 3600-3615, 2048 3804-3826 vs
-      3607-3654, 2880 3780-3799 vs 3635-3685, 4096 3752-3797 vs 3563-3650. With a weight the same
-      hints lost 5-8% (held rows: 0 stays best), on staged rows (7168, 8192) they lost 0.5-1%, and
-      .L2::256B alone or with the store hint gained 0-2%;
+    - the backward without a weight, rows held in registers and neither staged nor split over a
+      cluster (N=1024-4096 in 16-bit types): the same three hints, *tune-v66*: 1024 3922-3935 vs
+      3597-3615 without hints (v62, v65), 2048 3933-3953 vs 3592-3654, 2880 3906-3928 vs
+      3635-3685, 4096 3870-3909 vs 3563-3650. Last reads and stores alone (3) tie; loads that also
+      ask L2 for 256-byte blocks (.L2::256B, hint bit 64) measured 3-4% below (3766-3823, v60-v62,
+      v66) and lost 5-8% with a weight, and on staged rows (7168, 8192) 0.5-1%: a knob only;
     - the forward: what fwd_layout put in the layout (its streamed rows: pass 1 keeps, pass 2's
       reads evict first). On rows held in registers, load hints lost 1-9% and store hints about
       1% (0.3-1.5% gained at N=65536 in bf16, where 8-byte chunks gained more).
     """
     if kernel == "rmsnorm_bwd":
-        if lay.stage:
-            return 0
-        if not has_weight and lay.cluster == 1:
-            return HINT_LAST_READ | HINT_STORES | HINT_L1_KEEP | HINT_L2_256B
-        if lay.cache_row:
+        if lay.stage or (lay.cache_row and (has_weight or lay.cluster > 1)):
             return 0
         return HINT_STORES if lay.cluster > 1 else HINT_LAST_READ | HINT_STORES | HINT_L1_KEEP
     return lay.hints
@@ -483,6 +479,7 @@ class Options:
     overlap: int = -1  # backward over a cluster: pass 2's chunks loaded inside the exchange (0: none); -1: the policy's
     cache_row: int = -1  # 1/0: the row (x, and dy) held in registers between the passes, or read again; -1: policy
     push: int = -1  # over a cluster, 1/0: totals exchanged by pushes (st.async, mbarriers) or cluster barrier; -1: policy
+    batch_reload: int = -1  # forward read twice, 1/0: pass 2 loads all its chunks before computing or not; -1: policy
     layout: Layout = field(init=False, compare=False, repr=False)
 
     def __post_init__(self) -> None:
@@ -530,6 +527,8 @@ class Options:
                    "choose 1 (the row held in registers), 0 (read again) or -1 (the policy's)")
         _check_int("push", self.push, -1, 1,
                    "choose 1 (pushes and mbarriers), 0 (the cluster barrier) or -1 (the policy's)")
+        _check_int("batch_reload", self.batch_reload, -1, 1,
+                   "choose 1 (pass 2 loads every chunk first), 0 (chunk by chunk) or -1 (the policy's)")
         if self.min_blocks and not tgt.min_blocks_attr:
             raise ValueError(f"min_blocks={self.min_blocks}: {self.target} has no blocks-per-multiprocessor bound; use 0")
         spec = KERNELS[self.kernel]
@@ -551,6 +550,12 @@ class Options:
                              f"{lay.vec * DTYPES[self.dtype]}-byte chunks (they need 16 and an NVVM target); use -1 or 0")
         hints = _hint_policy(self.kernel, lay, self.has_weight) if self.hints == -1 and hintable else max(0, self.hints)
         lay = replace(lay, min_blocks=self.min_blocks or lay.min_blocks, hints=hints)
+        if self.batch_reload == 1 and (self.kernel != "rmsnorm_fwd" or lay.cache_row):
+            why = "holds them in registers (cache_row=0 reads them again)" if lay.cache_row else ""
+            raise ValueError(f"batch_reload=1 needs the forward (rmsnorm_fwd) reading its rows twice; {self.kernel} "
+                             f"N={self.n} {why}; use -1 or 0")
+        if self.batch_reload != -1:
+            lay = replace(lay, batch_reload=bool(self.batch_reload))
         if lay.prefetch_w and lay.min_blocks > 1 and lay.k * lay.vec * (held(self.dtype) + DTYPES[self.wdtype]) \
                 > tgt.reg_budget_bytes(lay.block * lay.min_blocks):
             lay = replace(lay, prefetch_w=False)  # the weight's registers must fit the cap too

@@ -51,13 +51,13 @@ FORCED_CASES = (
 )
 # (N, dtype) for the backward without a weight, whose policy differs (specialize._bwd_cache_row):
 # the row held in registers, staged through shared memory, every chunk loaded inside the barrier,
-# and the .L2::256B loads of rows neither staged nor split (2048 held, 4096 and 2880 read again).
+# and the cache hints of held rows neither staged nor split (2048, 2880, 4096).
 NO_WEIGHT_CASES = ((2048, "bf16"), (4096, "bf16"), (4096, "f16"), (2880, "f32"), (16384, "bf16"), (32768, "bf16"),
                    (65536, "f16"))
 
 
 def tpr_value(layout: dict) -> str:
-    """A forced layout as a NORMIR_TPR value: TPR[xCLUSTER][pN][sN][mN][hN][oN][rN][aN]."""
+    """A forced layout as a NORMIR_TPR value: TPR[xCLUSTER][pN][sN][mN][hN][oN][rN][aN][bN]."""
     out = f"{layout.get('tpr', 0)}x{layout.get('cluster', 0)}"
     if layout.get("l2_prefetch", -1) >= 0:
         out += f"p{layout['l2_prefetch']}"
@@ -73,6 +73,8 @@ def tpr_value(layout: dict) -> str:
         out += f"r{layout['cache_row']}"
     if layout.get("push", -1) >= 0:
         out += f"a{layout['push']}"
+    if layout.get("batch_reload", -1) >= 0:
+        out += f"b{layout['batch_reload']}"
     return out
 
 BENCH_N = (1024, 2048, 2880, 4096, 7168, 8192, 16384, 32768, 65536)

@@ -122,16 +122,17 @@ def test_key_string_is_stable_text():
     assert o.key_string() == (
         "kernel='rmsnorm_fwd';n=4096;dtype='bf16';wdtype='bf16';eps=9.999999974752427e-07;target='sm_90';"
         "has_weight=True;store_rstd=False;vec=8;atomic_dw=False;tpr=0;cluster=0;l2_prefetch=-1;stage=-1;"
-        "min_blocks=0;hints=-1;overlap=-1;cache_row=-1;push=-1"
+        "min_blocks=0;hints=-1;overlap=-1;cache_row=-1;push=-1;batch_reload=-1"
     )
     assert o.digest() == hashlib.sha256(o.key_string().encode()).hexdigest()
-    assert o.digest() == "7e737681aba5cad41bd56bcade7c6a3b8012275c3ce8a7599a9c8fccc60e7c0d"
+    assert o.digest() == "d3aa9d7619aee5bd740c769f1362ad87fac24fab2f6d7f5f495f4107b4601024"
     assert "layout" not in o.key_string()
 
 
 _ALTERNATIVES = dict(kernel="rmsnorm_bwd", n=2048, dtype="f16", wdtype="f32", eps=1e-5, target="gfx950",
                      has_weight=False, store_rstd=True, vec=4, atomic_dw=True, tpr=256, cluster=2,
-                     l2_prefetch=0, stage=0, min_blocks=2, hints=0, overlap=0, cache_row=0, push=0)
+                     l2_prefetch=0, stage=0, min_blocks=2, hints=0, overlap=0, cache_row=0, push=0,
+                     batch_reload=0)
 
 
 def test_alternatives_cover_every_key_field():
@@ -383,9 +384,9 @@ def test_hint_policy():
     assert hints(n=32768) == hints(n=65536) == HINT_STORES  # a cluster: stores only
     assert hints(n=2048) == 0  # held in registers
     assert hints(n=16384, stage=1) == 0
-    # Without a weight, rows neither staged nor split also ask L2 for 256-byte blocks, held or not.
-    assert hints(has_weight=False) == hints(n=1024, has_weight=False) == hints(n=2880, has_weight=False) == \
-        19 | HINT_L2_256B == 83
+    # Without a weight, rows held in registers get them too, unless staged or split over a cluster.
+    assert hints(has_weight=False) == hints(n=1024, has_weight=False) == hints(n=2880, has_weight=False) == 19
+    assert Options(kernel="rmsnorm_bwd", n=2880, has_weight=False).layout.cache_row
     assert hints(n=8192, has_weight=False) == 0 and hints(n=32768, has_weight=False) == HINT_STORES
     # The forward: rows of 128-4096 chunks are streamed, pass 1 keeping its lines and pass 2's
     # reads evicting them first from L2, both keeping them in L1, except that rows of 4 chunks per
@@ -420,9 +421,9 @@ def test_l1_qualifier_of_last_reads():
     assert text(hints=21).count("ld.global.nc.L1::evict_last.L2") == 2 and "evict_first.L2" not in text(hints=21)
     assert text(hints=5).count("ld.global.nc.L2::cache_hint") == 2
     assert text(hints=61).count("ld.global.L1::evict_first.L2") == 1  # coherent: no .nc
-    # Bit 64 asks L2 for 256-byte blocks on every hinted load (the backward's policy without a weight).
+    # Bit 64 asks L2 for 256-byte blocks on every hinted load (a knob: no policy takes it).
     assert text(hints=85).count(".L2::cache_hint.L2::256B.v4") == 2 and ".L2::256B" not in text(hints=21)
-    bwd = specialize(Options(kernel="rmsnorm_bwd", n=2880, has_weight=False))
+    bwd = specialize(Options(kernel="rmsnorm_bwd", n=2880, has_weight=False, hints=19 | HINT_L2_256B))
     assert bwd.count(".L2::cache_hint.L2::256B.v4") == 2 and "st.global.L2::cache_hint.v4" in bwd
 
 
@@ -441,6 +442,15 @@ def test_forward_batch_reload():
     assert S.common_values(Options(kernel="rmsnorm_fwd", n=8192))["BATCH_RELOAD"] == "false"
     assert S.common_values(Options(kernel="rmsnorm_fwd", n=8192, stage=1))["RED_REUSED"] == "true"
     assert S.common_values(Options(kernel="rmsnorm_bwd", n=8192))["RED_REUSED"] == "true"
+    # The knob: forced on a streamed forward row, off on the policy's, refused where rows are held.
+    assert lay(n=8192, tpr=256, cache_row=0, hints=53, batch_reload=1).batch_reload
+    assert not lay(n=16384, batch_reload=0).batch_reload
+    for bad, why in ((dict(n=65536), "holds them in registers"), (dict(n=4096, cache_row=1), "holds them"),
+                     (dict(kernel="rmsnorm_bwd", n=4096), "needs the forward")):
+        with pytest.raises(ValueError, match=f"^batch_reload=1 .*{why}"):
+            Options(**{"kernel": "rmsnorm_fwd", **bad, "batch_reload": 1})
+    with pytest.raises(ValueError, match=r"^batch_reload=2: choose 1"):
+        Options(kernel="rmsnorm_fwd", n=4096, batch_reload=2)
 
 
 def test_nvidia_forward_row_shapes():
