@@ -305,7 +305,7 @@ def _hint_policy(kernel: str, lay: Layout, has_weight: bool) -> int:
       +0.3% in two runs, docs/results/*tune-v14*); the load hints lost 1-6% there;
     - the backward without a weight, rows held in registers and neither staged nor split over a
       cluster (N=1024-4096 in 16-bit types): the same three hints, *tune-v66*: 1024 3922-3935 vs
-      3597-3615 without hints (v62, v65), 2048 3933-3953 vs 3592-3654, 2880 3906-3928 vs
+      3588-3615 without hints (v62, v65), 2048 3933-3953 vs 3592-3654, 2880 3906-3928 vs
       3635-3685, 4096 3870-3909 vs 3563-3650. Last reads and stores alone (3) tie; loads that also
       ask L2 for 256-byte blocks (.L2::256B, hint bit 64) measured 3-4% below (3766-3823, v60-v62,
       v66) and lost 5-8% with a weight, and on staged rows (7168, 8192) 0.5-1%: a knob only;
