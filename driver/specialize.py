@@ -367,7 +367,7 @@ def _fwd_streamed(lay: Layout) -> Layout:
     rows (1024-8192) within 0.3% either way, so those keep evict_last. Rows of 4 chunks per thread
     over at most FWD_BATCH_MAX_TPR threads (N=16384) load all of pass 2's chunks of x and w before
     computing (batch_reload), as Triton's one-trip loop does: *tune-v63*, -v64, 4111-4138 and
-    4114-4143 vs 4070-4098 and 4070-4094 (3 blocks per multiprocessor instead of 4); at 1024
+    4111-4143 vs 4063-4086 and 4070-4094 (3 blocks per multiprocessor instead of 4); at 1024
     threads (32768) it leaves one block per multiprocessor, 3705-3728 vs 4078-4104; on 2-chunk
     rows within noise (7168 and 8192, with and without row_sum's trailing barrier)."""
     k = 2 if lay.nchunk <= 2 * (MAX_THREADS // 2) else 4
@@ -551,9 +551,10 @@ class Options:
         hints = _hint_policy(self.kernel, lay, self.has_weight) if self.hints == -1 and hintable else max(0, self.hints)
         lay = replace(lay, min_blocks=self.min_blocks or lay.min_blocks, hints=hints)
         if self.batch_reload == 1 and (self.kernel != "rmsnorm_fwd" or lay.cache_row):
-            why = "holds them in registers (cache_row=0 reads them again)" if lay.cache_row else ""
-            raise ValueError(f"batch_reload=1 needs the forward (rmsnorm_fwd) reading its rows twice; {self.kernel} "
-                             f"N={self.n} {why}; use -1 or 0")
+            why = f"N={self.n} holds them in registers (cache_row=0 reads them again)" if lay.cache_row else \
+                f"{self.kernel} has no such pass"
+            raise ValueError(f"batch_reload=1 needs the forward (rmsnorm_fwd) reading its rows twice; {why}; "
+                             "use -1 or 0")
         if self.batch_reload != -1:
             lay = replace(lay, batch_reload=bool(self.batch_reload))
         if lay.prefetch_w and lay.min_blocks > 1 and lay.k * lay.vec * (held(self.dtype) + DTYPES[self.wdtype]) \

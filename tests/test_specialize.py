@@ -446,7 +446,7 @@ def test_forward_batch_reload():
     assert lay(n=8192, tpr=256, cache_row=0, hints=53, batch_reload=1).batch_reload
     assert not lay(n=16384, batch_reload=0).batch_reload
     for bad, why in ((dict(n=65536), "holds them in registers"), (dict(n=4096, cache_row=1), "holds them"),
-                     (dict(kernel="rmsnorm_bwd", n=4096), "needs the forward")):
+                     (dict(kernel="rmsnorm_bwd", n=4096), "rmsnorm_bwd has no such pass")):
         with pytest.raises(ValueError, match=f"^batch_reload=1 .*{why}"):
             Options(**{"kernel": "rmsnorm_fwd", **bad, "batch_reload": 1})
     with pytest.raises(ValueError, match=r"^batch_reload=2: choose 1"):
