@@ -369,18 +369,31 @@ def table(header: list[str], rows: list[list[str]]) -> str:
     return "\n".join("  ".join(c.rjust(wd) for c, wd in zip(r, widths)) for r in lines)
 
 
+def by_round(row: dict[str, Any], peer: str) -> tuple[float, int, int] | None:
+    """normir against `peer` round by round (both timed in each round): the median of normir's
+    speed over the peer's, in percent, the rounds normir was faster in, and the rounds."""
+    mine, theirs = row.get("ms_rounds", {}).get("normir"), row.get("ms_rounds", {}).get(peer)
+    if not mine or not theirs or len(mine) != len(theirs):
+        return None
+    gains = [100 * (t / m - 1) for m, t in zip(mine, theirs)]
+    return statistics.median(gains), sum(g > 0 for g in gains), len(gains)
+
+
 def op_table(op: str, rows: list[dict[str, Any]], copy_gbps: float, peers: set[str]) -> str:
     names = list(dict.fromkeys(k for r in rows for k in r["gbps"]))
-    header = ["M x N", *names, "normir %copy", "best peer"]
+    header = ["M x N", *names, "normir %copy", "best peer", "vs best, by round"]
     body = []
     for r in rows:
         gb = r["gbps"]
         mine = gb.get("normir")
         best = best_peer(gb, peers)
+        paired = None if best is None else by_round(r, best[0])
         body.append([f"{r['M']}x{r['N']}", *(fmt(gb.get(k), 0) for k in names),
                      "n/a" if mine is None else f"{100 * mine / copy_gbps:.1f}%",
-                     "n/a" if best is None else f"{best[1]:.0f} {best[0]}"])
-    return f"{op} (GB/s; {BYTES_PER_ELEM[op]} x M*N elements moved)\n" + table(header, body)
+                     "n/a" if best is None else f"{best[1]:.0f} {best[0]}",
+                     "n/a" if paired is None else f"{paired[0]:+.2f}% ({paired[1]}/{paired[2]})"])
+    return (f"{op} (GB/s; {BYTES_PER_ELEM[op]} x M*N elements moved; vs best: the median of normir's speed "
+            "over the best peer's in each round, and the rounds normir was faster in)\n" + table(header, body))
 
 
 def small_table(rows: list[dict[str, Any]]) -> str:

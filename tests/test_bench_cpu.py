@@ -57,3 +57,11 @@ def test_rounds_must_be_positive(capsys):
         bench.parse_args(["--rounds", "0"])
     assert "--rounds 0" in capsys.readouterr().err
     assert bench.parse_args([]).rounds == 3
+
+
+def test_by_round_pairs_each_round():
+    row = {"ms_rounds": {"normir": [1.0, 1.0, 2.0], "quack": [1.01, 0.99, 2.1], "odd": [1.0]}}
+    median, ahead, n = bench.by_round(row, "quack")
+    assert (ahead, n) == (2, 3) and median == pytest.approx(1.0)  # +1%, -1%, +5%
+    assert bench.by_round(row, "odd") is None and bench.by_round(row, "liger") is None
+    assert bench.by_round({}, "quack") is None
