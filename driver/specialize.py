@@ -634,7 +634,7 @@ def common_values(opts: Options) -> dict[str, str]:
         "LD_L1_LAST": ".L1::evict_first" if lay.hints & HINT_L1_FIRST else
         ".L1::evict_last" if lay.hints & HINT_L1_KEEP else "",
         "LD_PF": ".L2::256B" if lay.hints & HINT_L2_256B else "",
-        "BATCH_RELOAD": _bool(lay.batch_reload and not lay.cache_row),
+        "BATCH_RELOAD": _bool(lay.batch_reload),  # Options refuses it on held rows
         "KERNEL_ATTRS": tgt.min_blocks_attr.format(lay.min_blocks) if lay.min_blocks else "",
         "EB": str(eb),
         "NSUB": str(lay.nsub),
@@ -658,9 +658,10 @@ def common_values(opts: Options) -> dict[str, str]:
         "TPR": str(lay.tpr),
         "WPR": str(lay.wpr),
         "MULTI_WARP": _bool(lay.tpr > lay.warp),
-        # row_sum's trailing barrier guards %red for the block's next row; the forward without
-        # STAGE has one row group per block (*tune-v64*: +1% at 7168, +0.2-0.6% at 2048-8192).
-        "RED_REUSED": _bool(opts.kernel != "rmsnorm_fwd" or lay.stage),
+        # row_sum's trailing barrier guards %red for the block's next row: a grid of one row group
+        # per block (KernelSpec.grid "rows", not staged) has none (*tune-v64*: +1% at 7168,
+        # +0.2-0.6% at 2048-8192 for the forward).
+        "RED_REUSED": _bool(KERNELS[opts.kernel].grid != "rows" or lay.stage),
         "SHUFFLE_STEPS": str(int(math.log2(min(lay.tpr, lay.warp)))),
         "WARP_STEPS": str(int(math.log2(lay.warp))),
         "K": str(lay.k),

@@ -66,7 +66,6 @@ gpu.module @normir [${TARGET}] {
     %eps = arith.constant ${EPS} : f32
     %inv_n = arith.constant ${INV_N} : f32
     %zero_f = arith.constant 0.0 : f32
-    %true = arith.constant true
     %zero_v = arith.constant dense<0.0> : vector<${V}xf32>
     %zero_t = arith.constant dense<0.0> : vector<${V}x${T}>
 
@@ -212,15 +211,8 @@ gpu.module @normir [${TARGET}] {
             %in_row = arith.cmpi ult, %chunk, %nchunk : index
             %live = arith.ori %always, %in_row : i1
             scf.if %live {
-              %v = scf.if %hint_ld -> (vector<${V}x${T}>) {
-                %e0 = arith.muli %row, %x_stride : index
-                %e = arith.addi %e0, %col : index
-                %h = func.call @normir_ld_hint(%x_base, %e, %pol_first, %true) : (index, index, i64, i1) -> vector<${V}x${T}>
-                scf.yield %h : vector<${V}x${T}>
-              } else {
-                %l = vector.load %x[%row, %col] {alignment = ${ALIGN}} : memref<?x${N}x${T}, strided<[?, 1]>>, vector<${V}x${T}>
-                scf.yield %l : vector<${V}x${T}>
-              }
+              %v = func.call @normir_fwd_read_again(%x_arg, %row, %col, %rows, %x_stride, %pol_first)
+                  : (memref<${N}x${T}>, index, index, index, index, i64) -> vector<${V}x${T}>
               vector.store %v, %xbuf[%k, %c0] : memref<${K}x${V}x${T}, #gpu.address_space<private>>, vector<${V}x${T}>
               scf.if %has_weight {
                 %wv = vector.load %w_arg[%col] {alignment = ${W_ALIGN}} : memref<${N}x${WT}>, vector<${V}x${WT}>
@@ -244,15 +236,8 @@ gpu.module @normir [${TARGET}] {
               %v = vector.load %xbuf[%k, %c0] : memref<${K}x${V}x${T}, #gpu.address_space<private>>, vector<${V}x${T}>
               scf.yield %v : vector<${V}x${T}>
             } else {
-              %v = scf.if %hint_ld -> (vector<${V}x${T}>) {
-                %e0 = arith.muli %row, %x_stride : index
-                %e = arith.addi %e0, %col : index
-                %h = func.call @normir_ld_hint(%x_base, %e, %pol_first, %true) : (index, index, i64, i1) -> vector<${V}x${T}>
-                scf.yield %h : vector<${V}x${T}>
-              } else {
-                %l = vector.load %x[%row, %col] {alignment = ${ALIGN}} : memref<?x${N}x${T}, strided<[?, 1]>>, vector<${V}x${T}>
-                scf.yield %l : vector<${V}x${T}>
-              }
+              %v = func.call @normir_fwd_read_again(%x_arg, %row, %col, %rows, %x_stride, %pol_first)
+                  : (memref<${N}x${T}>, index, index, index, index, i64) -> vector<${V}x${T}>
               scf.yield %v : vector<${V}x${T}>
             }
             %xf = func.call @normir_late_ext(%xv) : (vector<${V}x${T}>) -> vector<${V}xf32>
@@ -287,6 +272,26 @@ gpu.module @normir [${TARGET}] {
     gpu.return
   }
 
+  // Pass 2's read of x[row, col] when the row is not held: the row's last read (HINT_LD: under
+  // the evict-first policy %pol_first, marked last for its L1 qualifier).
+  func.func private @normir_fwd_read_again(%x_arg: memref<${N}x${T}>, %row: index, %col: index, %rows: index,
+      %x_stride: index, %pol_first: i64) -> vector<${V}x${T}> attributes {llvm.linkage = #llvm.linkage<internal>} {
+    %hint_ld = arith.constant ${HINT_LD}
+    %v = scf.if %hint_ld -> (vector<${V}x${T}>) {
+      %true = arith.constant true
+      %x_base = memref.extract_aligned_pointer_as_index %x_arg : memref<${N}x${T}> -> index
+      %e0 = arith.muli %row, %x_stride : index
+      %e = arith.addi %e0, %col : index
+      %h = func.call @normir_ld_hint(%x_base, %e, %pol_first, %true) : (index, index, i64, i1) -> vector<${V}x${T}>
+      scf.yield %h : vector<${V}x${T}>
+    } else {
+      %x = memref.reinterpret_cast %x_arg to offset: [0], sizes: [%rows, ${N}], strides: [%x_stride, 1]
+          : memref<${N}x${T}> to memref<?x${N}x${T}, strided<[?, 1]>>
+      %l = vector.load %x[%row, %col] {alignment = ${ALIGN}} : memref<?x${N}x${T}, strided<[?, 1]>>, vector<${V}x${T}>
+      scf.yield %l : vector<${V}x${T}>
+    }
+    return %v : vector<${V}x${T}>
+  }
 
   // STAGE: start copying this thread's chunks of row `row` into the buffer (16 bytes each;
   // chunks past the row end are not copied and not read).
