@@ -1,87 +1,229 @@
 """normir's command line, for compiler engineers and deployments.
 
   normir compile FILE.mlir|KERNEL --target sm_90 --n 4096 [--dtype bf16 ...] [--set NAME=VALUE]
-                 [--tpr T --cluster C --l2-prefetch 0|1 --stage 0|1 --min-blocks B --hints H --overlap C --cache-row 0|1
-                  --push 0|1 --batch-reload 0|1]
-                 [--emit input|unroll|llvm|isa|bin] [-o OUT]
+                 [--include DIR] [layout knobs: --tpr --cluster ...] [--emit input|unroll|llvm|isa|bin] [-o OUT]
+  normir opt FILE.mlir --pass-pipeline=PIPELINE [--expect-lowered]   replay one stage (repro files)
   normir aot --out DIR PLAN.json       compile a list of specializations into a cache folder
   normir report [--target ...]         compile every kernel at representative shapes; print sizes,
                                        registers (or VGPRs and scratch) and vector widths
-  normir env                           the environment variables normir reads
+  normir env                           the settings in effect, where each came from, and the toolchain
+
+Errors are one line (`--debug` shows the traceback). MLIR diagnostics name the file and line of
+the template or spliced piece they come from.
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import os
 import re
 import subprocess
 import sys
 import tempfile
-from concurrent.futures import ProcessPoolExecutor
+import traceback
 from pathlib import Path
 
-from . import compiler, env, library, targets
+from . import compiler, env, library, targets, template
 from .kernels import KERNELS
-from .specialize import MAX_HINTS, Options, common_values, mlir_root, specialize, substitute
+from .specialize import LAYOUT_VALUES, MAX_HINTS, USER_VALUES, Options, specialize_source, values_for
+
+
+class UsageError(ValueError):
+    """A command-line mistake: reported in one line."""
+
+
+# Options fields set by compile's flags (the flag is the field with - for _), with their defaults.
+_LAYOUT_FLAGS = ("tpr", "cluster", "l2_prefetch", "stage", "min_blocks", "hints", "overlap", "cache_row", "push",
+                 "batch_reload")
 
 
 def _options_from_args(a: argparse.Namespace, kernel: str) -> Options:
     return Options(kernel=kernel, n=a.n, dtype=a.dtype, wdtype=a.wdtype or a.dtype, eps=a.eps, target=a.target,
                    has_weight=not a.no_weight, store_rstd=a.store_rstd, vec=a.vec, atomic_dw=a.atomic_dw,
-                   tpr=a.tpr, cluster=a.cluster, l2_prefetch=a.l2_prefetch, stage=a.stage,
-                   min_blocks=a.min_blocks, hints=a.hints, overlap=a.overlap,
-                   cache_row=a.cache_row, push=a.push, batch_reload=a.batch_reload)
+                   **{f: getattr(a, f) for f in _LAYOUT_FLAGS})
+
+
+def find_checkout(start: Path) -> Path | None:
+    """The normir source checkout holding `start`, if any: its mlir/ folder."""
+    for d in (start, *start.parents):
+        if (d / "mlir" / "common").is_dir() and (d / "driver" / "cli.py").is_file():
+            return d / "mlir"
+    return None
+
+
+def _resolver(a: argparse.Namespace, src: Path | None) -> template.Resolver:
+    """--include folders, NORMIR_INCLUDE, the source file's own folder, then a checkout the
+    working folder is in: all before the installed package."""
+    dirs: list[Path] = [Path(d) for d in a.include or []]
+    for d in dirs:
+        if not d.is_dir():
+            raise UsageError(f"--include {d}: no such folder")
+    dirs += template.env_include_dirs()
+    if src is not None:
+        dirs.append(src.resolve().parent)
+    checkout = find_checkout(Path.cwd().resolve())
+    if checkout is not None:
+        dirs.append(checkout)
+    package = template.mlir_root().resolve()
+    unique: list[Path] = []
+    for d in dirs:
+        if d.resolve() != package and d.resolve() not in unique:
+            unique.append(d.resolve())
+    return template.Resolver(tuple(unique))
+
+
+def _parse_sets(items: list[str] | None) -> dict[str, str]:
+    out: dict[str, str] = {}
+    for item in items or []:
+        name, eq, value = item.partition("=")
+        if not eq:
+            raise UsageError(f"--set {item}: give NAME=VALUE (e.g. --set EPS=1.0e-05)")
+        if not re.fullmatch(r"[A-Z_][A-Z0-9_]*", name):
+            raise UsageError(f"--set {item}: {name!r} is not a placeholder name (capitals, digits and _)")
+        if name in LAYOUT_VALUES:
+            flag = LAYOUT_VALUES[name]
+            raise UsageError(f"--set {name}: ${{{name}}} follows from the row layout, which is checked as a whole; "
+                             + (f"force it with {flag}" if flag else "force the layout with --tpr/--cluster/--vec"))
+        out[name] = value
+    return out
+
+
+def _given_flags(argv: list[str]) -> set[str]:
+    """Compile's value flags the user wrote (by Options field), whatever their value."""
+    given = set()
+    for arg in argv:
+        flag = arg.split("=", 1)[0]
+        if flag.startswith("--"):
+            given.add(flag[2:].replace("-", "_"))
+    return given
 
 
 def cmd_compile(a: argparse.Namespace) -> int:
     src = Path(a.source)
-    kernel = a.kernel or (src.stem if src.suffix == ".mlir" else a.source)
+    is_file = src.suffix == ".mlir" or os.sep in a.source
+    if is_file and not src.is_file():
+        raise UsageError(f"{a.source}: no such file (give a .mlir file or one of {sorted(KERNELS)})")
+    kernel = a.kernel or (src.stem if is_file else a.source)
     if kernel not in KERNELS:
-        raise SystemExit(f"cannot tell which kernel {a.source} is; pass --kernel (one of {sorted(KERNELS)})")
+        raise UsageError(f"cannot tell which kernel {a.source} is; pass --kernel (one of {sorted(KERNELS)})")
     opts = _options_from_args(a, kernel)
-    values = {**common_values(opts), **KERNELS[kernel].extra_values(opts)}
-    for item in a.set or []:
-        name, _, value = item.partition("=")
-        values[name] = value
-    if src.suffix != ".mlir":
-        src = mlir_root() / KERNELS[kernel].template
-    text = substitute(src.read_text(), values, origin=str(src), strict_unused=False)
+    sets = _parse_sets(a.set)
+    values = {**values_for(opts), **sets}
+    resolver = _resolver(a, src if is_file else None)
+    if is_file:
+        source = template.render(src.read_text(), values, origin=str(src), resolver=resolver, strict_unused=False)
+    else:
+        source = template.render_file(KERNELS[kernel].template, values, resolver=resolver)
+    unused_sets = sorted(set(sets) - source.used)
+    if unused_sets:
+        raise UsageError(f"--set {', '.join(unused_sets)}: the text has no such placeholder; it uses "
+                         f"{', '.join(sorted(source.used))}")
+    for field in sorted(a.given & set(USER_VALUES)):
+        names = USER_VALUES[field]
+        if not set(names) & source.used:
+            raise UsageError(f"--{field.replace('_', '-')} was given, but the text uses no "
+                             f"{' or '.join('${' + n + '}' for n in names)}: drop the flag or use the placeholder")
+    if source.include_hits:
+        print("normir: from outside the installed package: " + ", ".join(map(template._display, source.include_hits)),
+              file=sys.stderr)
     if a.emit == "input":
-        out = text
+        out: str | bytes = source.text
     else:
         fmt = "bin" if a.emit == "bin" else "isa"
         keep = (a.emit,) if a.emit in ("unroll", "llvm", "isa") else ()
-        art = compiler.compile_text(text, opts.target, fmt, keep=keep, unroll_limit=opts.layout.unroll_limit)
+        art = compiler.compile_text(source, opts.target, fmt, keep=keep, unroll_limit=opts.layout.unroll_limit,
+                                    label=compiler.default_label(source.text, opts.target), what=opts.describe())
         out = art.data if a.emit == "bin" else art.stages[a.emit]
-    if a.output:
-        Path(a.output).write_bytes(out if isinstance(out, bytes) else out.encode())
-    elif isinstance(out, bytes):
-        raise SystemExit("--emit bin writes binary: give -o FILE")
-    else:
-        sys.stdout.write(out)
+    _write(out, a.output, "--emit bin writes binary: give -o FILE")
     return 0
 
 
-def _aot_one(fields: dict) -> str:
+def _write(out: str | bytes, path: str | None, binary_needs_file: str) -> None:
+    if path:
+        try:
+            Path(path).write_bytes(out if isinstance(out, bytes) else out.encode())
+        except OSError as e:
+            raise UsageError(f"-o {path}: cannot write it ({e.strerror or e})") from None
+    elif isinstance(out, bytes):
+        raise UsageError(binary_needs_file)
+    else:
+        sys.stdout.write(out)
+
+
+def cmd_opt(a: argparse.Namespace) -> int:
+    """Run one pass pipeline over a file with the bundled bindings (what a failing stage prints)."""
+    path = Path(a.file)
+    if not path.is_file():
+        raise UsageError(f"{a.file}: no such file")
+    out = compiler.run_pipeline(path.read_text(), a.pass_pipeline, expect_lowered=a.expect_lowered, name=a.file)
+    _write(out, a.output, "")
+    return 0
+
+
+_OPTION_FIELDS = {f.name for f in dataclasses.fields(Options) if f.init}
+
+
+def _load_plan(path: str) -> list[Options]:
+    """A plan: a JSON list of Options fields. Every entry is checked before anything compiles."""
+    try:
+        plan = json.loads(Path(path).read_text())
+    except OSError as e:
+        raise UsageError(f"{path}: cannot read the plan ({e.strerror or e})") from None
+    except json.JSONDecodeError as e:
+        raise UsageError(f"{path}: not JSON ({e})") from None
+    if not isinstance(plan, list):
+        raise UsageError(f"{path}: a plan is a JSON list of objects of Options fields")
+    out = []
+    for i, entry in enumerate(plan):
+        if not isinstance(entry, dict):
+            raise UsageError(f"{path}: entry {i} is not an object of Options fields")
+        unknown = sorted(set(entry) - _OPTION_FIELDS)
+        if unknown:
+            raise UsageError(f"{path}: entry {i} has unknown field(s) {unknown}; the fields are {sorted(_OPTION_FIELDS)}")
+        try:
+            out.append(Options(**entry))
+        except (TypeError, ValueError) as e:
+            raise UsageError(f"{path}: entry {i}: {e}") from None
+    return out
+
+
+def _aot_one(fields: dict) -> tuple[bool, str]:
     opts = Options(**fields)
-    b = library.get_binary(opts, compile_missing=True)
-    return f"{opts.kernel} n={opts.n} {opts.dtype}/{opts.wdtype} {opts.target} vec={opts.vec} -> {b.fmt} {len(b.data)} B"
+    try:
+        b = library.get_binary(opts, compile_missing=True)
+    except Exception as e:  # noqa: BLE001 - reported by the parent as one line per entry
+        return False, f"{opts.kernel} n={opts.n} {opts.target}: {type(e).__name__}: {e}"
+    what = f"{opts.kernel} n={opts.n} {opts.dtype}/{opts.wdtype} {opts.target} vec={opts.vec}"
+    return True, f"{what} -> {b.fmt} {len(b.data)} B"
 
 
 def cmd_aot(a: argparse.Namespace) -> int:
     """Compile every specialization of a plan (a JSON list of Options fields) into --out."""
-    plan = json.loads(Path(a.plan).read_text())
+    plan = _load_plan(a.plan)
+    out = Path(a.out).resolve()
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+        with tempfile.NamedTemporaryFile(dir=out):
+            pass
+    except OSError as e:
+        raise UsageError(f"--out {a.out}: cannot write there ({e.strerror or e})") from None
     # The workers inherit the environment: make --out the cache they write, with no read-only
     # folders in front of it; restore the caller's environment afterwards.
     saved = {v.name: os.environ.get(v.name) for v in (env.CACHE_DIR, env.AOT_DIRS)}
-    os.environ[env.CACHE_DIR.name] = str(Path(a.out).resolve())
+    os.environ[env.CACHE_DIR.name] = str(out)
     os.environ[env.AOT_DIRS.name] = ""
+    failed = []
+    from concurrent.futures import ProcessPoolExecutor
+
     try:
+        fields = [{f: getattr(o, f) for f in _OPTION_FIELDS} for o in plan]
         with ProcessPoolExecutor(max_workers=a.jobs) as pool:
-            for line in pool.map(_aot_one, plan, chunksize=4):
-                if a.verbose:
+            for ok, line in pool.map(_aot_one, fields, chunksize=4):
+                if not ok:
+                    failed.append(line)
+                elif a.verbose:
                     print(line)
     finally:
         for name, value in saved.items():
@@ -89,6 +231,10 @@ def cmd_aot(a: argparse.Namespace) -> int:
                 os.environ.pop(name, None)
             else:
                 os.environ[name] = value
+    if failed:
+        first = failed[0].splitlines()
+        raise UsageError(f"aot: {len(failed)} of {len(plan)} specializations failed; the first: "
+                         + "\n".join(first[:12]))
     print(f"aot: {len(plan)} specializations in {a.out}")
     return 0
 
@@ -132,8 +278,8 @@ def cmd_report(a: argparse.Namespace) -> int:
                 opts = Options(kernel=kernel, n=n, dtype=dt, wdtype=dt if kernel != "rmsnorm_dw_reduce" else "bf16",
                                target=chip)
                 fmt = tgt.default_format()
-                art = compiler.compile_text(specialize(opts), chip, fmt, keep=("isa",),
-                                            unroll_limit=opts.layout.unroll_limit)
+                art = compiler.compile_text(specialize_source(opts), chip, fmt, keep=("isa",),
+                                            unroll_limit=opts.layout.unroll_limit, what=opts.describe())
                 lay = opts.layout
                 mode = "regs" if lay.cache_row else "stream"
                 facts = " ".join(f"{k}={v}" for k, v in isa_facts(tgt, art.stages["isa"], art.data).items())
@@ -141,25 +287,43 @@ def cmd_report(a: argparse.Namespace) -> int:
     return 0
 
 
-def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="normir", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+def cmd_env(a: argparse.Namespace) -> int:
+    print("settings (value in effect, where it came from):")
+    print(env.describe())
+    print("toolchain:")
+    for name, t in compiler.tools().items():
+        print(f"  {name}: {t['version']}" + (f" at {t['path']}" if t["path"] else ""))
+    print(f"  cache key toolchain part: {compiler.toolchain_version()}")
+    print(f"  kernel files: {template.mlir_root()}")
+    return 0
+
+
+def _parser() -> argparse.ArgumentParser:
+    fmt = argparse.ArgumentDefaultsHelpFormatter
+    common = argparse.ArgumentParser(add_help=False)
+    common.add_argument("--debug", action="store_true", help="show the Python traceback of an error")
+    p = argparse.ArgumentParser(prog="normir", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter,
+                                parents=[common])
     sub = p.add_subparsers(dest="cmd", required=True)
-    c = sub.add_parser("compile", help="specialize and compile one kernel; print or write any stage")
+    c = sub.add_parser("compile", help="specialize and compile one kernel; print or write any stage",
+                       formatter_class=fmt, parents=[common])
     c.add_argument("source", help="a .mlir file (placeholders allowed) or a registered kernel name")
-    c.add_argument("--kernel", help="registry entry whose layout fills the placeholders (default: file stem)")
-    c.add_argument("--target", default="sm_90", choices=sorted(targets.TARGETS))
-    c.add_argument("--n", type=int, default=4096)
-    c.add_argument("--dtype", default="bf16")
-    c.add_argument("--wdtype", default=None)
-    c.add_argument("--eps", type=float, default=1e-6)
-    c.add_argument("--vec", type=int, default=0)
-    c.add_argument("--no-weight", action="store_true")
-    c.add_argument("--store-rstd", action="store_true")
-    c.add_argument("--atomic-dw", action="store_true")
-    c.add_argument("--tpr", type=int, default=0, help="threads per row (default: the layout policy's)")
-    c.add_argument("--cluster", type=int, default=0, help="blocks per row, a thread-block cluster (sm_90+)")
-    c.add_argument("--l2-prefetch", type=int, default=-1, choices=(-1, 0, 1), help="L2 prefetch of the next row")
-    c.add_argument("--stage", type=int, default=-1, choices=(-1, 0, 1), help="stage rows in shared memory")
+    c.add_argument("--kernel", help="registry entry whose layout fills the placeholders (default: the file's stem)")
+    c.add_argument("--target", default="sm_90", choices=sorted(targets.TARGETS), help="the chip")
+    c.add_argument("--n", type=int, default=4096, help="row length N")
+    c.add_argument("--dtype", default="bf16", help="x's type: bf16, f16 or f32")
+    c.add_argument("--wdtype", default=None, help="the weight's type (default: --dtype)")
+    c.add_argument("--eps", type=float, default=1e-6, help="epsilon")
+    c.add_argument("--vec", type=int, default=0, help="elements per vector access (0: the widest N allows)")
+    c.add_argument("--no-weight", action="store_true", help="no weight")
+    c.add_argument("--store-rstd", action="store_true", help="the forward stores rstd")
+    c.add_argument("--atomic-dw", action="store_true", help="the backward adds dw with fp32 atomics")
+    c.add_argument("--tpr", type=int, default=0, help="threads per row (0: the layout policy's)")
+    c.add_argument("--cluster", type=int, default=0, help="blocks per row, a thread-block cluster (sm_90+; 0: the policy's)")
+    c.add_argument("--l2-prefetch", type=int, default=-1, choices=(-1, 0, 1),
+                   help="the backward's L2 prefetch of the next row (-1: the policy's)")
+    c.add_argument("--stage", type=int, default=-1, choices=(-1, 0, 1),
+                   help="stage rows in shared memory (-1: the policy's)")
     c.add_argument("--min-blocks", type=int, default=0,
                    help="blocks per multiprocessor the registers must allow (NVVM minctasm; 0: the policy's)")
     c.add_argument("--hints", type=int, default=-1, choices=range(-1, MAX_HINTS + 1), metavar="H",
@@ -168,7 +332,7 @@ def main(argv: list[str] | None = None) -> int:
                    "32 (the forward's last reads ask L1 to evict them first), 64 (loads ask L2 for 256-byte blocks); "
                    "0 none, -1 the policy's")
     c.add_argument("--overlap", type=int, default=-1,
-                   help="backward over a cluster: pass 2's chunks loaded inside the cluster exchange")
+                   help="backward over a cluster: pass 2's chunks loaded inside the cluster exchange (-1: the policy's)")
     c.add_argument("--cache-row", type=int, default=-1, choices=(-1, 0, 1),
                    help="hold the row (x; the backward's x and dy) in registers between the passes (1) or "
                         "read it again (0)")
@@ -178,26 +342,53 @@ def main(argv: list[str] | None = None) -> int:
     c.add_argument("--batch-reload", type=int, default=-1, choices=(-1, 0, 1),
                    help="forward rows read twice: pass 2 loads all its chunks of x and w before computing (1) "
                         "or chunk by chunk (0)")
-    c.add_argument("--set", action="append", metavar="NAME=VALUE", help="override a placeholder")
-    c.add_argument("--emit", default="isa", choices=["input", "unroll", "llvm", "isa", "bin"])
-    c.add_argument("-o", "--output")
+    c.add_argument("--set", action="append", metavar="NAME=VALUE",
+                   help="fill a placeholder the text uses with VALUE (not the layout's: use the knobs above)")
+    c.add_argument("--include", action="append", metavar="DIR",
+                   help="a folder searched first for the template and spliced pieces (paths as below mlir/)")
+    c.add_argument("--emit", default="isa", choices=["input", "unroll", "llvm", "isa", "bin"], help="the stage to print")
+    c.add_argument("-o", "--output", help="write the output here instead of stdout")
     c.set_defaults(fn=cmd_compile)
-    o = sub.add_parser("aot", help="compile a plan of specializations into a cache folder")
-    o.add_argument("plan")
-    o.add_argument("--out", required=True)
-    o.add_argument("--jobs", type=int, default=os.cpu_count() or 1)
-    o.add_argument("-v", "--verbose", action="store_true")
+    op = sub.add_parser("opt", help="run one pass pipeline over a file (the reproduction a failing stage prints)",
+                        formatter_class=fmt, parents=[common])
+    op.add_argument("file", help="an MLIR file")
+    op.add_argument("--pass-pipeline", required=True, help="a PassManager pipeline, e.g. 'builtin.module(canonicalize)'")
+    op.add_argument("--expect-lowered", action="store_true",
+                    help="fail when an op outside llvm/nvvm/rocdl remains (what the llvm stage checks)")
+    op.add_argument("-o", "--output", help="write the module here instead of stdout")
+    op.set_defaults(fn=cmd_opt)
+    o = sub.add_parser("aot", help="compile a plan of specializations into a cache folder", formatter_class=fmt,
+                       parents=[common])
+    o.add_argument("plan", help="a JSON list of objects of Options fields")
+    o.add_argument("--out", required=True, help="the cache folder to fill")
+    o.add_argument("--jobs", type=int, default=os.cpu_count() or 1, help="compile processes")
+    o.add_argument("-v", "--verbose", action="store_true", help="a line per specialization")
     o.set_defaults(fn=cmd_aot)
-    r = sub.add_parser("report", help="per-kernel binary report for gfx950 and sm_90")
-    r.add_argument("--target", action="append", choices=sorted(targets.TARGETS))
+    r = sub.add_parser("report", help="per-kernel binary report for gfx950 and sm_90", formatter_class=fmt,
+                       parents=[common])
+    r.add_argument("--target", action="append", choices=sorted(targets.TARGETS), help="a chip (default: sm_90 and gfx950)")
     r.set_defaults(fn=cmd_report)
-    e = sub.add_parser("env", help="the environment variables normir reads")
-    e.set_defaults(fn=lambda a: print(env.describe()) or 0)
-    a = p.parse_args(argv)
+    e = sub.add_parser("env", help="the settings in effect and the toolchain", formatter_class=fmt, parents=[common])
+    e.set_defaults(fn=cmd_env)
+    return p
+
+
+# Errors reported in one line; anything else is a bug and keeps its traceback.
+_REPORTED = (UsageError, compiler.CompileError, ValueError, library.KernelNotAvailable, OSError, RuntimeError)
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    a = _parser().parse_args(argv)
+    a.given = _given_flags(argv[1:]) if a.cmd == "compile" else set()
     try:
         return a.fn(a)
-    except (compiler.CompileError, ValueError, library.KernelNotAvailable) as err:
-        print(f"normir: {err}", file=sys.stderr)
+    except _REPORTED as err:
+        if a.debug:
+            traceback.print_exc()
+        msg = str(err) if not isinstance(err, OSError) or not err.filename else \
+            f"{err.filename}: {err.strerror or err}"
+        print(f"normir: {msg}", file=sys.stderr)
         return 1
 
 

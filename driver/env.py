@@ -15,6 +15,10 @@ class EnvVar:
     def get(self) -> str:
         return os.environ.get(self.name, self.default)
 
+    def source(self) -> str:
+        """Where the value in effect comes from."""
+        return "environment" if self.name in os.environ else "default"
+
 
 CACHE_DIR = EnvVar(
     "NORMIR_CACHE_DIR", os.path.join(os.path.expanduser("~"), ".cache", "normir"),
@@ -50,9 +54,15 @@ TPR = EnvVar(
     "'rmsnorm_fwd:65536=512x2p0,rmsnorm_bwd:16384=512s1h3' (0 keeps the policy's)",
 )
 TARGET = EnvVar("NORMIR_TARGET", "", "override the target chip picked from the torch device (e.g. sm_90)")
+INCLUDE = EnvVar(
+    "NORMIR_INCLUDE", "",
+    "folders searched before the package for kernel templates and spliced pieces (paths relative to "
+    "mlir/, e.g. common/row_sum.mlir), separated by os.pathsep; `normir compile --include` adds more",
+)
 
-ALL = (CACHE_DIR, AOT_DIRS, DUMP_DIR, ROCM_PATH, PTXAS, NO_COMPILE, TPR, TARGET)
+ALL = (CACHE_DIR, AOT_DIRS, DUMP_DIR, INCLUDE, ROCM_PATH, PTXAS, NO_COMPILE, TPR, TARGET)
 
 
 def describe() -> str:
-    return "\n".join(f"{v.name} (default {v.default!r}): {v.help}" for v in ALL)
+    """Each variable: the value in effect, where it came from, the default and what it does."""
+    return "\n".join(f"{v.name}={v.get()!r} ({v.source()}; default {v.default!r})\n    {v.help}" for v in ALL)

@@ -5,15 +5,12 @@ from __future__ import annotations
 
 import hashlib
 import math
-import re
 import struct
 from dataclasses import dataclass, field, fields, replace
-from functools import cache
-from importlib import resources
-from pathlib import Path
 
 from . import targets
 from .kernels import KERNELS
+from .template import Resolver, Source, SpecializationError, mlir_root, render_file, substitute  # noqa: F401
 
 DTYPES = {"bf16": 2, "f16": 2, "f32": 4}  # MLIR element type -> bytes
 MAX_N = 1 << 20
@@ -54,8 +51,6 @@ FWD_WIDE_CLUSTER = 4  # the forward's rows that fill a 1024-thread block: blocks
 # 64 (N=32768 bf16 in one 512-thread block) ptxas caps the block at 128 registers and spills.
 BWD_SPLIT_DW = 32
 
-_PLACEHOLDER = re.compile(r"\$\{([A-Z_][A-Z0-9_]*)\}")
-_SPLICE = re.compile(r"^[ \t]*// normir:splice (\S+)[ \t]*$", re.M)
 
 
 def f32(x: float) -> float:
@@ -591,6 +586,14 @@ class Options:
         """Stable text of the fields (Python's hash() is salted per process)."""
         return ";".join(f"{f.name}={getattr(self, f.name)!r}" for f in fields(self) if f.compare)
 
+    def describe(self) -> str:
+        """The kernel, N, target and every field that differs from its default: for messages."""
+        defaults = {f.name: f.default for f in fields(self) if f.init}
+        parts = [f"{self.kernel} n={self.n} {self.target}"]
+        parts += [f"{name}={getattr(self, name)!r}" for name, d in defaults.items()
+                  if name not in ("kernel", "n", "target", "vec", "eps") and getattr(self, name) != d]
+        return " ".join(parts)
+
     def digest(self) -> str:
         return hashlib.sha256(self.key_string().encode()).hexdigest()
 
@@ -679,77 +682,39 @@ def common_values(opts: Options) -> dict[str, str]:
     }
 
 
+# Placeholders that follow from the row layout: `normir compile --set` refuses them, since a layout
+# is checked as a whole (a forced tpr leaving threads without a chunk hung the H200); the value is
+# the flag that forces it through that check ("" where only the layout as a whole moves it).
+LAYOUT_VALUES = {
+    "TPR": "--tpr", "CLUSTER": "--cluster", "CLUSTER_PIECE": "--cluster", "V": "--vec", "ALIGN": "--vec",
+    "W_ALIGN": "--vec", "PART_ALIGN": "--vec", "STAGE": "--stage", "STAGE_PIECE": "--stage",
+    "STAGE_BLOCK_BYTES": "--stage", "L2_PREFETCH": "--l2-prefetch", "PREFETCH_PIECE": "--l2-prefetch",
+    "CACHE_ROW": "--cache-row", "OVERLAP": "--overlap", "OVERLAP_K": "--overlap", "BATCH_RELOAD": "--batch-reload",
+    "KERNEL_ATTRS": "--min-blocks", "ROWS": "", "BLOCK": "", "K": "", "KFULL": "", "NCHUNK": "", "NSUB": "",
+    "WPR": "", "MULTI_WARP": "", "SHUFFLE_STEPS": "", "WARP_STEPS": "", "DW_REGS": "", "PREFETCH_W": "",
+    "RED_REUSED": "", "CT": "", "RT": "",
+}
+# The placeholders each user-given option of `normir compile` fills: an option the text does not use
+# (--eps on a text without ${EPS}) is an error rather than silently ignored.
+USER_VALUES = {"eps": ("EPS",), "wdtype": ("WT",), "store_rstd": ("STORE_RSTD",),
+               "atomic_dw": ("ATOMIC_DW",), "no_weight": ("HAS_WEIGHT",)}
+
+
 def _bool(b: bool) -> str:
     return "true" if b else "false"
 
 
-def mlir_root() -> Path:
-    """The kernel sources: the installed package data, or mlir/ of a source checkout."""
-    return Path(str(resources.files("normir.mlir")))
+def values_for(opts: Options) -> dict[str, str]:
+    """Every placeholder value the driver computes for a kernel's options."""
+    return {**common_values(opts), **KERNELS[opts.kernel].extra_values(opts)}
 
 
-@cache
-def _read(rel: str) -> str:
-    path = mlir_root() / rel
-    if not path.is_file():
-        raise FileNotFoundError(f"kernel source {rel!r} not found under {mlir_root()}")
-    return path.read_text()
-
-
-class SpecializationError(ValueError):
-    pass
-
-
-def substitute(text: str, values: dict[str, str], *, origin: str = "<text>",
-               splice: bool = True, strict_unused: bool = True) -> str:
-    """Fill ${NAME} placeholders and splice `// normir:splice FILE` lines (FILE may use placeholders).
-
-    A placeholder without a value, or a value no placeholder uses, is an error: both are typos.
-    """
-    used: set[str] = set()
-
-    def fill(s: str, where: str) -> str:
-        def one(m: re.Match[str]) -> str:
-            name = m.group(1)
-            if name not in values:
-                line = s.count("\n", 0, m.start()) + 1
-                raise SpecializationError(
-                    f"{where}:{line}: placeholder ${{{name}}} has no value; "
-                    f"known: {', '.join(sorted(values))}")
-            used.add(name)
-            return values[name]
-        return _PLACEHOLDER.sub(one, s)
-
-    def expand(s: str, where: str, depth: int = 0) -> str:
-        if depth > 4:
-            raise SpecializationError(f"{where}: splices nest too deep")
-        if not splice:
-            return fill(s, where)
-        # Fill this text's own placeholders before the pieces go in, so that an error names
-        # the line of the file it is in; each splice line is held by a one-line marker.
-        pieces: list[str] = []
-
-        def hold(m: re.Match[str]) -> str:
-            pieces.append(m.group(1))
-            return f"\0{len(pieces) - 1}\0"
-
-        filled = fill(_SPLICE.sub(hold, s), where)
-
-        def put(m: re.Match[str]) -> str:
-            rel = fill(pieces[int(m.group(1))], where)
-            return expand(_read(rel), rel, depth + 1)
-
-        return re.sub(r"\0(\d+)\0", put, filled)
-
-    out = expand(text, origin)
-    unused = set(values) - used
-    if strict_unused and unused:
-        raise SpecializationError(f"{origin}: values given but never used: {sorted(unused)}")
-    return out
+def specialize_source(opts: Options, resolver: Resolver | None = None) -> Source:
+    """The kernel text with every placeholder filled and every common piece spliced, with its
+    line map (template.Source)."""
+    return render_file(KERNELS[opts.kernel].template, values_for(opts), resolver=resolver)
 
 
 def specialize(opts: Options) -> str:
     """The kernel text with every placeholder filled and every common piece spliced."""
-    spec = KERNELS[opts.kernel]
-    values = {**common_values(opts), **spec.extra_values(opts)}
-    return substitute(_read(spec.template), values, origin=spec.template, strict_unused=False)
+    return specialize_source(opts).text

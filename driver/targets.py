@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import tempfile
 from dataclasses import dataclass
 
 from . import env
@@ -139,24 +140,44 @@ def ptxas_path() -> str | None:
 _LLD_CANDIDATES = ("/usr/lib/llvm-22/bin/ld.lld", "/usr/lib/llvm-21/bin/ld.lld", "/usr/lib/llvm-20/bin/ld.lld")
 
 
+def _toolkit_roots() -> list[str]:
+    return [v for v in (env.ROCM_PATH.get(), os.environ.get("ROCM_PATH", ""), "/opt/rocm") if v]
+
+
+def lld_path() -> str | None:
+    """The ld.lld that links gfx hsaco: a ROCm folder's, else Debian's (see rocm_toolkit)."""
+    for root in _toolkit_roots():
+        lld = os.path.join(root, "llvm", "bin", "ld.lld")
+        if os.path.exists(lld):
+            return lld
+    return next((lld for lld in _LLD_CANDIDATES if os.path.exists(lld)), None)
+
+
 def rocm_toolkit() -> str:
     """A folder holding llvm/bin/ld.lld, as gpu-module-to-binary wants for hsaco."""
-    for var in (env.ROCM_PATH.get(), os.environ.get("ROCM_PATH", ""), "/opt/rocm"):
-        if var and os.path.exists(os.path.join(var, "llvm", "bin", "ld.lld")):
-            return var
-    for lld in _LLD_CANDIDATES:
-        if os.path.exists(lld):
-            # Debian's lld lives in /usr/lib/llvm-N/bin; its parent's parent/llvm/bin does not
-            # exist, so make a tiny toolkit folder with a link to it.
-            kit = os.path.join(env.CACHE_DIR.get(), "rocm-toolkit")
-            link = os.path.join(kit, "llvm", "bin", "ld.lld")
-            if not os.path.exists(link):
+    for root in _toolkit_roots():
+        if os.path.exists(os.path.join(root, "llvm", "bin", "ld.lld")):
+            return root
+    lld = lld_path()
+    if lld is None:
+        raise RuntimeError(
+            "no ld.lld found to link gfx hsaco: install one with `bash scripts/setup.sh` "
+            "(Debian lld-22) or point NORMIR_ROCM_PATH at a ROCm folder that has llvm/bin/ld.lld"
+        )
+    # Debian's lld lives in /usr/lib/llvm-N/bin; its parent's parent/llvm/bin does not exist, so
+    # make a tiny toolkit folder with a link to it: in the cache folder, else (read-only) in the
+    # temporary folder.
+    for base in (env.CACHE_DIR.get(), os.path.join(tempfile.gettempdir(), "normir")):
+        kit = os.path.join(base, "rocm-toolkit")
+        link = os.path.join(kit, "llvm", "bin", "ld.lld")
+        try:
+            if os.path.realpath(link) != os.path.realpath(lld):
                 os.makedirs(os.path.dirname(link), exist_ok=True)
                 tmp = f"{link}.{os.getpid()}"
                 os.symlink(lld, tmp)
                 os.replace(tmp, link)
             return kit
-    raise RuntimeError(
-        "no ld.lld found to link gfx hsaco: install one with `bash scripts/setup.sh` "
-        "(Debian lld-22) or point NORMIR_ROCM_PATH at a ROCm folder that has llvm/bin/ld.lld"
-    )
+        except OSError:
+            continue
+    raise RuntimeError(f"cannot make a toolkit folder linking {lld} under {env.CACHE_DIR.get()} or the "
+                       "temporary folder: set NORMIR_ROCM_PATH to a folder that has llvm/bin/ld.lld")

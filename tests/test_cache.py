@@ -9,6 +9,7 @@ import os
 import subprocess
 import sys
 import textwrap
+import warnings
 from pathlib import Path
 
 import pytest
@@ -194,6 +195,19 @@ def test_get_binary_compiles_then_recovers_from_corruption(tmp_path, monkeypatch
     assert b2.data == b.data
     entry = cache.lookup(b.key, None)
     assert entry is not None and entry.data == b.data
+
+
+def test_unwritable_cache_warns_once_and_still_compiles(tmp_path, monkeypatch, count_compiles):
+    blocker = tmp_path / "file"
+    blocker.write_text("")
+    monkeypatch.setenv("NORMIR_CACHE_DIR", str(blocker / "cache"))  # below a file: cannot be made
+    monkeypatch.setattr(library, "_warned", set())
+    with pytest.warns(RuntimeWarning, match=r"cannot write the kernel cache at .*file/cache .* NORMIR_CACHE_DIR"):
+        b = library.get_binary(Options(kernel="rmsnorm_fwd", n=1024, target="sm_90"))
+    assert b.data and len(count_compiles) == 1
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        library.get_binary(Options(kernel="rmsnorm_fwd", n=2048, target="sm_90"))  # no second warning
 
 
 def test_get_binary_second_call_is_a_cache_hit(tmp_path, monkeypatch, count_compiles):

@@ -20,7 +20,6 @@ from normir.specialize import (
     HINT_STORES,
     MAX_N,
     Options,
-    SpecializationError,
     specialize,
 )
 
@@ -642,59 +641,6 @@ def test_reduce_layout():
     lay = o.layout
     assert (lay.vec, lay.tpr, lay.rows, lay.block) == (4, S.REDUCE_CT, S.REDUCE_RT, S.REDUCE_CT * S.REDUCE_RT)
     assert lay.nchunk * lay.vec == 4096
-
-
-# ---------------------------------------------------------------------------- substitute
-
-
-def test_substitute_fills_placeholders():
-    assert S.substitute("a ${X} b ${Y_2} ${X}", {"X": "1", "Y_2": "two"}) == "a 1 b two 1"
-    assert S.substitute("no placeholders, $X {X} $(X)", {}) == "no placeholders, $X {X} $(X)"
-
-
-def test_substitute_unknown_placeholder_names_it_and_the_line():
-    text = "line one\nline two\n  %c = arith.constant ${NOPE} : index\n"
-    with pytest.raises(SpecializationError, match=r"^k\.mlir:3: placeholder \$\{NOPE\} has no value; known: A") as e:
-        S.substitute(text, {"A": "1"}, origin="k.mlir", strict_unused=False)
-    assert isinstance(e.value, ValueError)
-
-
-def test_substitute_line_number_after_splice():
-    text = "line one\n// normir:splice common/rsqrt_nvvm.mlir\n${NOPE}\n"
-    with pytest.raises(SpecializationError, match=r"^k\.mlir:3: "):
-        S.substitute(text, {}, origin="k.mlir")
-
-
-def test_substitute_unused_value():
-    with pytest.raises(SpecializationError, match=r"values given but never used: \['UNUSED'\]"):
-        S.substitute("${A}", {"A": "1", "UNUSED": "2"}, origin="k.mlir")
-    assert S.substitute("${A}", {"A": "1", "UNUSED": "2"}, strict_unused=False) == "1"
-
-
-def test_substitute_splices_common_piece():
-    text = "module {\n    // normir:splice ${RSQRT_PIECE}\n}\n"
-    out = S.substitute(text, {"RSQRT_PIECE": "common/rsqrt_nvvm.mlir"}, origin="k.mlir")
-    assert "normir:splice" not in out
-    assert "func.func private @normir_rsqrt" in out and "llvm.nvvm.rsqrt.approx.ftz.f" in out
-    assert out.startswith("module {\n") and out.endswith("}\n")
-    # The piece's own placeholders are filled, and count as used.
-    out = S.substitute("// normir:splice common/atomic_add_rocdl.mlir\n", {"N": "128", "V": "4"})
-    assert "memref<128xf32>" in out and "vector<4xf32>" in out and "${" not in out
-    # splice=False leaves the line alone.
-    assert S.substitute("// normir:splice x.mlir\n", {}, splice=False) == "// normir:splice x.mlir\n"
-    # Only a line that is nothing but the directive splices.
-    assert S.substitute("%a = 1 // normir:splice x.mlir\n", {}) == "%a = 1 // normir:splice x.mlir\n"
-
-
-def test_substitute_missing_piece():
-    with pytest.raises(FileNotFoundError, match="common/nope.mlir"):
-        S.substitute("// normir:splice common/nope.mlir\n", {})
-
-
-def test_substitute_splice_depth(monkeypatch):
-    monkeypatch.setattr(S, "_read", lambda rel: "// normir:splice loop.mlir\n")
-    with pytest.raises(SpecializationError, match="splices nest too deep"):
-        S.substitute("// normir:splice loop.mlir\n", {})
 
 
 # ---------------------------------------------------------------------------- specialize

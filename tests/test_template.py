@@ -1,0 +1,126 @@
+"""Kernel text: placeholder substitution, splicing, include folders and the line map (no MLIR)."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+from normir import template as T
+from normir.specialize import Options, specialize_source
+from normir.template import Resolver, SpecializationError
+
+pytestmark = pytest.mark.cpu
+
+MLIR_DIR = Path(__file__).resolve().parent.parent / "mlir"
+
+
+def test_substitute_fills_placeholders():
+    assert T.substitute("a ${X} b ${Y_2} ${X}", {"X": "1", "Y_2": "two"}) == "a 1 b two 1"
+    assert T.substitute("no placeholders, $X {X} $(X)", {}) == "no placeholders, $X {X} $(X)"
+
+
+def test_substitute_unknown_placeholder_names_it_and_the_line():
+    text = "line one\nline two\n  %c = arith.constant ${NOPE} : index\n"
+    with pytest.raises(SpecializationError, match=r"^k\.mlir:3: placeholder \$\{NOPE\} has no value; known: A") as e:
+        T.substitute(text, {"A": "1"}, origin="k.mlir", strict_unused=False)
+    assert isinstance(e.value, ValueError)
+
+
+def test_substitute_line_number_after_splice():
+    text = "line one\n// normir:splice common/rsqrt_nvvm.mlir\n${NOPE}\n"
+    with pytest.raises(SpecializationError, match=r"^k\.mlir:3: "):
+        T.substitute(text, {}, origin="k.mlir")
+
+
+def test_substitute_unused_value():
+    with pytest.raises(SpecializationError, match=r"values given but never used: \['UNUSED'\]"):
+        T.substitute("${A}", {"A": "1", "UNUSED": "2"}, origin="k.mlir")
+    assert T.substitute("${A}", {"A": "1", "UNUSED": "2"}, strict_unused=False) == "1"
+
+
+def test_substitute_splices_common_piece():
+    text = "module {\n    // normir:splice ${RSQRT_PIECE}\n}\n"
+    out = T.substitute(text, {"RSQRT_PIECE": "common/rsqrt_nvvm.mlir"}, origin="k.mlir")
+    assert "normir:splice" not in out
+    assert "func.func private @normir_rsqrt" in out and "llvm.nvvm.rsqrt.approx.ftz.f" in out
+    assert out.startswith("module {\n") and out.endswith("}\n")
+    # The piece text replaces the line; the line's own newline follows it (as a blank line).
+    piece = (MLIR_DIR / "common" / "rsqrt_nvvm.mlir").read_text()
+    assert out == "module {\n" + piece + "\n}\n"
+    # The piece's own placeholders are filled, and count as used.
+    out = T.substitute("// normir:splice common/atomic_add_rocdl.mlir\n", {"N": "128", "V": "4"})
+    assert "memref<128xf32>" in out and "vector<4xf32>" in out and "${" not in out
+    # splice=False leaves the line alone.
+    assert T.substitute("// normir:splice x.mlir\n", {}, splice=False) == "// normir:splice x.mlir\n"
+    # Only a line that is nothing but the directive splices.
+    assert T.substitute("%a = 1 // normir:splice x.mlir\n", {}) == "%a = 1 // normir:splice x.mlir\n"
+
+
+def test_substitute_missing_piece():
+    with pytest.raises(SpecializationError, match=r"^<text>:1: kernel file 'common/nope.mlir' not found in "):
+        T.substitute("// normir:splice common/nope.mlir\n", {})
+
+
+def test_substitute_splice_depth(tmp_path):
+    (tmp_path / "loop.mlir").write_text("// normir:splice loop.mlir\n")
+    with pytest.raises(SpecializationError, match="splices nest too deep"):
+        T.substitute("// normir:splice loop.mlir\n", {}, resolver=Resolver((tmp_path,)))
+
+
+def test_line_map_names_template_and_piece_lines():
+    src = specialize_source(Options(kernel="rmsnorm_fwd", n=4096))
+    lines = src.text.split("\n")
+    assert len(src.origins) == len(lines)
+    kernel = (MLIR_DIR / "rmsnorm_fwd.mlir").read_text().split("\n")
+    piece = (MLIR_DIR / "common" / "row_sum.mlir").read_text().split("\n")
+    for i, (line, o) in enumerate(zip(lines, src.origins), start=1):
+        if o.file.endswith("rmsnorm_fwd.mlir") and "${" not in kernel[o.line - 1]:
+            # a kernel line, or the blank line a splice directive leaves after its piece
+            assert line == kernel[o.line - 1] or (line == "" and "normir:splice" in kernel[o.line - 1])
+        if o.file.endswith("common/row_sum.mlir") and "${" not in piece[o.line - 1]:
+            assert line == piece[o.line - 1]
+        assert src.where(i).startswith(o.file)
+    tid = lines.index("    %tid = gpu.thread_id x") + 1
+    assert src.where(tid, 5) == f"{src.origins[tid - 1].file}:{kernel.index('    %tid = gpu.thread_id x') + 1}:5"
+    assert src.translate(f'error: "-":{tid}:5: boom') == f"error: {src.where(tid, 5)}: boom"
+    assert src.files[0].name == "rmsnorm_fwd.mlir" and any(f.name == "row_sum.mlir" for f in src.files)
+
+
+def test_line_map_columns_move_with_filled_placeholders():
+    src = T.render("  %c = arith.constant ${N} : ${T}\n", {"N": "4096", "T": "bf16"}, origin="k.mlir")
+    o = src.origins[0]
+    out = src.text.split("\n")[0]
+    assert out == "  %c = arith.constant 4096 : bf16"
+    assert o.column(out.index("%c") + 1) == 3  # before any placeholder: unchanged
+    assert o.column(out.index("4096") + 2) == len("  %c = arith.constant ") + 1  # inside: the `$`
+    assert o.column(out.index("bf16") + 1) == len("  %c = arith.constant ${N} : ") + 1  # after: shifted
+    assert src.where(1, out.index(": bf16") + 1) == f"k.mlir:1:{len('  %c = arith.constant ${N} ') + 1}"
+
+
+def test_include_folders_come_first(tmp_path):
+    (tmp_path / "common").mkdir()
+    (tmp_path / "common" / "rsqrt_nvvm.mlir").write_text("  // mine\n")
+    r = Resolver((tmp_path,))
+    src = T.render("// normir:splice common/rsqrt_nvvm.mlir\n// normir:splice common/rsqrt_rocdl.mlir\n", {},
+                   resolver=r)
+    assert "// mine" in src.text and "llvm.amdgcn.rsq" in src.text
+    assert src.include_hits == (tmp_path / "common" / "rsqrt_nvvm.mlir",)
+
+
+def test_include_env(tmp_path, monkeypatch):
+    (tmp_path / "common").mkdir()
+    (tmp_path / "common" / "rsqrt_nvvm.mlir").write_text("  // from NORMIR_INCLUDE\n")
+    monkeypatch.setenv("NORMIR_INCLUDE", str(tmp_path))
+    assert "// from NORMIR_INCLUDE" in T.substitute("// normir:splice common/rsqrt_nvvm.mlir\n", {})
+
+
+def test_edited_file_is_read_again(tmp_path):
+    f = tmp_path / "k.mlir"
+    f.write_text("one\n")
+    r = Resolver((tmp_path,))
+    assert r.read("k.mlir")[1] == "one\n"
+    f.write_text("two\n")
+    os.utime(f, ns=(f.stat().st_atime_ns, f.stat().st_mtime_ns + 10**9))
+    assert r.read("k.mlir")[1] == "two\n"
