@@ -27,7 +27,8 @@ from pathlib import Path
 
 from . import compiler, env, library, targets, template
 from .kernels import KERNELS
-from .specialize import LAYOUT_VALUES, MAX_HINTS, USER_VALUES, Options, specialize_source, values_for
+from .options import Options
+from .specialize import LAYOUT_VALUES, USER_VALUES, specialize_source, values_for
 
 
 class UsageError(ValueError):
@@ -35,7 +36,7 @@ class UsageError(ValueError):
 
 
 # Options fields set by compile's flags (the flag is the field with - for _), with their defaults.
-_LAYOUT_FLAGS = ("tpr", "cluster", "l2_prefetch", "stage", "min_blocks", "hints", "overlap", "cache_row", "push",
+_LAYOUT_FLAGS = ("tpr", "cluster", "l2_prefetch", "stage", "min_blocks", "hints", "overlap", "cache_row",
                  "batch_reload")
 
 
@@ -100,12 +101,23 @@ def _given_flags(argv: list[str]) -> set[str]:
     return given
 
 
+def _kernel_of(src: Path) -> str:
+    """The kernel a file is: its stem when that names a kernel, else the one kernel whose template
+    has this file's name (a template several kernels share needs --kernel)."""
+    if src.stem in KERNELS:
+        return src.stem
+    users = [k for k, spec in KERNELS.items() if Path(spec.template.path).name == src.name]
+    if len(users) > 1:
+        raise UsageError(f"{src} is the template of {', '.join(users)}: pass --kernel")
+    return users[0] if users else src.stem
+
+
 def cmd_compile(a: argparse.Namespace) -> int:
     src = Path(a.source)
     is_file = src.suffix == ".mlir" or os.sep in a.source
     if is_file and not src.is_file():
         raise UsageError(f"{a.source}: no such file (give a .mlir file or one of {sorted(KERNELS)})")
-    kernel = a.kernel or (src.stem if is_file else a.source)
+    kernel = a.kernel or (_kernel_of(src) if is_file else a.source)
     if kernel not in KERNELS:
         raise UsageError(f"cannot tell which kernel {a.source} is; pass --kernel (one of {sorted(KERNELS)})")
     opts = _options_from_args(a, kernel)
@@ -115,7 +127,7 @@ def cmd_compile(a: argparse.Namespace) -> int:
     if is_file:
         source = template.render(src.read_text(), values, origin=str(src), resolver=resolver, strict_unused=False)
     else:
-        source = template.render_file(KERNELS[kernel].template, values, resolver=resolver)
+        source = template.render_file(KERNELS[kernel].template.path, values, resolver=resolver)
     unused_sets = sorted(set(sets) - source.used)
     if unused_sets:
         raise UsageError(f"--set {', '.join(unused_sets)}: the text has no such placeholder; it uses "
@@ -326,19 +338,15 @@ def _parser() -> argparse.ArgumentParser:
                    help="stage rows in shared memory (-1: the policy's)")
     c.add_argument("--min-blocks", type=int, default=0,
                    help="blocks per multiprocessor the registers must allow (NVVM minctasm; 0: the policy's)")
-    c.add_argument("--hints", type=int, default=-1, choices=range(-1, MAX_HINTS + 1), metavar="H",
-                   help="L2 eviction hints, a sum of 1 (last reads evict first), 2 (stores evict first), "
-                   "4 (reads repeated later evict last), 8 (no .nc loads), 16 (loads ask L1 to keep their lines), "
-                   "32 (the forward's last reads ask L1 to evict them first), 64 (loads ask L2 for 256-byte blocks); "
-                   "0 none, -1 the policy's")
+    c.add_argument("--hints", type=int, default=-1, metavar="H",
+                   help="cache hints, a sum of 1 (last reads evict first from L2), 2 (stores evict first), "
+                   "4 (reads repeated later evict last), 16 (loads ask L1 to keep their lines), "
+                   "32 (last reads ask L1 to evict them first); 0 none, -1 the policy's")
     c.add_argument("--overlap", type=int, default=-1,
                    help="backward over a cluster: pass 2's chunks loaded inside the cluster exchange (-1: the policy's)")
     c.add_argument("--cache-row", type=int, default=-1, choices=(-1, 0, 1),
                    help="hold the row (x; the backward's x and dy) in registers between the passes (1) or "
                         "read it again (0)")
-    c.add_argument("--push", type=int, default=-1, choices=(-1, 0, 1),
-                   help="rows over a cluster: exchange the row totals by pushes (st.async and mbarriers, 1) or "
-                        "by the cluster barrier (0)")
     c.add_argument("--batch-reload", type=int, default=-1, choices=(-1, 0, 1),
                    help="forward rows read twice: pass 2 loads all its chunks of x and w before computing (1) "
                         "or chunk by chunk (0)")

@@ -8,7 +8,8 @@ from dataclasses import dataclass
 
 from . import cache, compiler, env, targets
 from .kernels import KERNELS
-from .specialize import Options, specialize_source
+from .options import Options
+from .specialize import specialize_source
 
 
 class KernelNotAvailable(RuntimeError):

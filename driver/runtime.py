@@ -9,6 +9,7 @@ updated in place (no per-call allocation), under a lock so that threads cannot i
 from __future__ import annotations
 
 import ctypes
+import operator
 import struct
 import threading
 from dataclasses import dataclass
@@ -177,20 +178,30 @@ class _ClusterAttribute(ctypes.Structure):
 
 @dataclass
 class LaunchHandle:
-    """A loaded kernel with its argument buffer, prepared once: a launch packs the arguments
-    into it with one struct call and hands it over through the launch's `extra` parameter."""
+    """A loaded kernel with its argument buffer, prepared once: a launch packs the arguments, by
+    name in the kernel's order (kernels.KernelSpec.args), into it with one struct call and hands
+    it over through the launch's `extra` parameter. An argument named `grid` (last) gets the
+    launch's grid size."""
 
     driver: Driver
     fn: ctypes.c_void_p
     name: str
     block: int
+    arg_names: tuple[str, ...]  # launch order
     arg_kinds: tuple[str, ...]  # "p" pointer, "q" int64: all 8 bytes, so no padding
     cluster: int = 1  # blocks per thread-block cluster (the grid is a multiple of it)
     shared_bytes: int = 0  # dynamic shared memory per block
 
     def __post_init__(self) -> None:
-        if set(self.arg_kinds) - {"p", "q"}:
-            raise ValueError(f"{self.name}: argument kinds {self.arg_kinds} must be 'p' or 'q'")
+        if set(self.arg_kinds) - {"p", "q"} or len(self.arg_kinds) != len(self.arg_names):
+            raise ValueError(f"{self.name}: argument kinds {self.arg_kinds} must be 'p' or 'q', one per name "
+                             f"{self.arg_names}")
+        if "grid" in self.arg_names[:-1]:
+            raise ValueError(f"{self.name}: the grid argument must come last: {self.arg_names}")
+        self._with_grid = bool(self.arg_names) and self.arg_names[-1] == "grid"
+        given = self.arg_names[:-1] if self._with_grid else self.arg_names
+        self._given = frozenset(given)
+        self._values = operator.itemgetter(*given) if len(given) > 1 else (lambda v: tuple(v[n] for n in given))
         # One buffer: the arguments, then the CUlaunchConfig (8-byte aligned after them), whose
         # first field is grid x. A launch writes the arguments and the grid with one struct call.
         size = 8 * len(self.arg_kinds)
@@ -222,12 +233,21 @@ class LaunchHandle:
         """How many clusters (or blocks, without clusters) run at once: a persistent grid's size."""
         return self.active_clusters or sm_count * self.blocks_per_sm
 
-    def launch(self, grid: int, stream: int, *args: int) -> None:
-        """grid: blocks, a multiple of the cluster size."""
+    def launch(self, grid: int, stream: int, **values: int) -> None:
+        """grid: blocks, a multiple of the cluster size; values: every argument by name (but grid)."""
         if grid <= 0:
             return
+        try:
+            args = self._values(values)
+        except KeyError:
+            args = None
+        if args is None or len(values) != len(self._given):
+            raise TypeError(f"{self.name} takes the arguments {sorted(self._given)}; given {sorted(values)}")
         with self._lock:  # another thread must not rewrite the buffer before the driver copies it
-            self._pack(self._mem, 0, *args, grid)
+            if self._with_grid:
+                self._pack(self._mem, 0, *args, grid, grid)
+            else:
+                self._pack(self._mem, 0, *args, grid)
             if self._call is not None:
                 if stream != self._stream:
                     self._config.stream = self._stream = stream

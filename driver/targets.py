@@ -34,10 +34,9 @@ class Target:
     # persistent row loop, so w (as fp32) sits in registers beside the dw sums there.
     hoists_weight: bool = False
     # Thread-block clusters with distributed shared memory (sm_90+): a long row may be split
-    # over the blocks of a cluster, which add their partial sums through each other's LDS.
+    # over the blocks of a cluster, which push their partial sums into each other's shared memory
+    # (st.async and mbarriers: no cluster barrier per row).
     cluster_piece: str | None = None
-    # The exchange without a cluster barrier per row (st.async pushes and mbarriers, sm_90+).
-    cluster_push_piece: str | None = None
     # An L2 prefetch instruction (NVIDIA's prefetch.global.L2), for the rows a block takes next.
     prefetch_piece: str | None = None
     # Asynchronous 16-byte global -> shared copies (cp.async, sm_80+), for staging rows.
@@ -100,8 +99,7 @@ def _nv(chip: str, ptx: str, clusters: bool) -> Target:
         convert_pass="convert-gpu-to-nvvm{use-bare-ptr-memref-call-conv=1}",
         rsqrt_piece="common/rsqrt_nvvm.mlir", atomic_piece="common/atomic_add_nvvm.mlir",
         binary_formats=("bin", "isa"), isa_suffix=".ptx", bin_suffix=".cubin",
-        cluster_piece="common/cluster_sum_nvvm.mlir" if clusters else None,
-        cluster_push_piece="common/cluster_push_nvvm.mlir" if clusters else None,
+        cluster_piece="common/cluster_push_nvvm.mlir" if clusters else None,
         prefetch_piece="common/prefetch_nvvm.mlir", stage_piece="common/stage_nvvm.mlir",
         min_blocks_attr=", nvvm.minctasm = {} : i32", hint_piece="common/cache_hint_nvvm.mlir",
     )

@@ -37,7 +37,7 @@ def main() -> int:
     a = p.parse_args()
     print(f"machine: {os.cpu_count()} cores, load {os.getloadavg()[0]:.2f}")
     for target in ("sm_90", "gfx950"):
-        cmd = [*normir_command(), "compile", "mlir/rmsnorm_fwd.mlir", "--target", target, "--n", "7168",
+        cmd = [*normir_command(), "compile", "mlir/norm_fwd.mlir", "--target", target, "--n", "7168",
                "--dtype", "bf16", "--emit", "isa"]
         times = [timed(cmd) for _ in range(a.runs)]
         print(f"normir compile --target {target} --emit isa: median {statistics.median(times):.2f} s "

@@ -25,9 +25,9 @@ def err(a, b):
     return ((a.double() - b.double()).norm() / b.double().norm()).item()
 
 
-# Layouts the policy does not pick, forced (NORMIR_TPR): the staged persistent forward, the
-# staged backward over 2-block clusters, and every L2 hint in both kernels at N=4096.
-FORCED = "rmsnorm_fwd:4096=0s1h15,rmsnorm_fwd:32768=0s1,rmsnorm_bwd:32768=0s1,rmsnorm_bwd:4096=0h15"
+# Layouts the policy does not pick, forced (NORMIR_TPR): the forward over a 2-block cluster, the
+# staged backward over 2-block clusters, and every cache hint in both kernels at N=4096.
+FORCED = "rmsnorm_fwd:4096=0h23,rmsnorm_fwd:32768=0x2,rmsnorm_bwd:32768=0s1,rmsnorm_bwd:4096=0h23"
 
 
 def main() -> None:

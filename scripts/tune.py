@@ -36,8 +36,8 @@ def _parse(variant: str) -> dict[str, int]:
 
 
 def plan() -> list[dict]:
+    from normir.layout import DTYPES, max_vec
     from normir.ops.rmsnorm import BWD_KEY_EPS
-    from normir.specialize import DTYPES, max_vec
 
     out = []
     for (op, n, dt), variants in VARIANTS.items():

@@ -3,8 +3,8 @@ the GPU machine holds exactly the specializations the tests and the benchmark la
 
 from __future__ import annotations
 
+from normir.layout import DTYPES, max_vec
 from normir.ops.rmsnorm import BWD_KEY_EPS
-from normir.specialize import DTYPES, max_vec
 
 DTYPE_NAMES = ("f32", "f16", "bf16")
 # N: 1 and 100 -> several rows per block with narrow vectors (vec 1 / 4); 1024, 2048 -> rows
@@ -25,29 +25,27 @@ ALIGN_CASES = ((4096, 4096, 1), (4096, 4100, 0), (4096, 4104, 0), (1023, 1023, 0
 # no longer reaches.
 CLUSTER_CASES = ((2880, 4, "bf16"), (5120, 2, "f32"), (8192, 8, "bf16"), (65536, 1, "bf16"), (65536, 8, "f16"))
 # (N, dtype, forward layout, backward layout) forced through NORMIR_TPR where the policy does
-# not go: staging off where it is on and on where it is off, in both kernels, with clusters too.
+# not go: staging off where it is on and on where it is off, hints, register caps, clusters.
 FORCED_CASES = (
     (7168, "bf16", {}, {"stage": 0}),  # backward re-read with the L2 prefetch
-    (32768, "bf16", {"stage": 1}, {"stage": 1}),  # forward persistent, staged; backward staged, 2-block clusters
-    (65536, "bf16", {"stage": 1}, {"l2_prefetch": 0}),  # forward staged (8 chunks); backward without prefetch
-    (4096, "bf16", {"stage": 1, "hints": 15}, {"hints": 15}),  # forward persistent, staged at 4 chunks
-    # per thread (with every L2 hint, as scripts/sanitize.py forces it); backward with every hint
-    (65536, "f32", {"stage": 1}, {}),  # forward staged and split over a 2-block cluster
-    # L2 eviction hints (15: every bit, so also coherent loads and the evict_last first reads):
-    (2880, "bf16", {"hints": 15}, {"hints": 15}),  # forward row in registers; backward re-read
-    (32768, "bf16", {"hints": 3}, {"hints": 15}),  # backward over 2-block clusters
+    (32768, "bf16", {"cluster": 1}, {"stage": 1}),  # forward in one block; backward staged, 2-block clusters
+    (65536, "bf16", {"cluster": 1}, {"l2_prefetch": 0}),  # forward in one 1024-thread block; backward without prefetch
+    (4096, "bf16", {"hints": 23}, {"hints": 23}),  # every L2 hint and L1 keep (as scripts/sanitize.py forces them)
+    (65536, "f32", {}, {}),  # forward split over a 2-block cluster
+    # Cache hints (23: the last reads, stores and first reads under L2 policies, loads keeping L1 lines):
+    (2880, "bf16", {"hints": 23}, {"hints": 23}),  # forward row in registers; backward re-read
+    (32768, "bf16", {"hints": 3}, {"hints": 23}),  # backward over 2-block clusters
     (8192, "bf16", {"hints": 2, "min_blocks": 4}, {"hints": 2}),  # backward staged: dx stores only
     (16384, "bf16", {}, {"stage": 1, "hints": 0}),  # backward staged at 512 threads x 4 chunks, no hints
     (16384, "bf16", {}, {"stage": 0}),  # the backward's former default: re-read with the L2 prefetch
-    (262144, "bf16", {"cluster": 1, "hints": 15}, {"hints": 3}),  # forward re-read: pass 1 keeps the row
-    (65536, "bf16", {}, {"overlap": 4}),  # backward over a cluster: all of pass 2's loads inside the barrier
-    (32768, "f16", {}, {"overlap": 1, "hints": 0}),  # one chunk inside the barrier, no hints
+    (262144, "bf16", {"cluster": 1, "hints": 23}, {"hints": 3}),  # forward re-read: pass 1 keeps the row
+    (65536, "bf16", {}, {"overlap": 4}),  # backward over a cluster: all of pass 2's loads inside the exchange
+    (32768, "f16", {}, {"overlap": 1, "hints": 0}),  # one chunk inside the exchange, no hints
     (4096, "bf16", {"cache_row": 1}, {"cache_row": 1}),  # forward and backward rows held in registers
     (8192, "f32", {"cache_row": 1}, {}),  # the forward's former f32 default, held
     (16384, "f16", {}, {"cache_row": 0}),  # without a weight: re-read, not staged
-    # The exchange over a cluster by the cluster barrier (push 0) instead of pushes:
-    (32768, "bf16", {"cluster": 2, "push": 0}, {"push": 0}),  # forward and backward over 2 blocks
-    (65536, "f16", {"cluster": 4, "push": 0}, {"push": 0, "overlap": 4}),  # 4 blocks, all of pass 2 inside
+    (32768, "bf16", {"cluster": 2}, {}),  # the forward over 2 blocks (pushes)
+    (65536, "f16", {"cluster": 4}, {"overlap": 4}),  # 4 blocks, all of pass 2 inside the exchange
 )
 # (N, dtype) for the backward without a weight, whose policy differs (specialize._bwd_cache_row):
 # the row held in registers, staged through shared memory, every chunk loaded inside the barrier,
@@ -57,7 +55,7 @@ NO_WEIGHT_CASES = ((2048, "bf16"), (4096, "bf16"), (4096, "f16"), (2880, "f32"),
 
 
 def tpr_value(layout: dict) -> str:
-    """A forced layout as a NORMIR_TPR value: TPR[xCLUSTER][pN][sN][mN][hN][oN][rN][aN][bN]."""
+    """A forced layout as a NORMIR_TPR value: TPR[xCLUSTER][pN][sN][mN][hN][oN][rN][bN]."""
     out = f"{layout.get('tpr', 0)}x{layout.get('cluster', 0)}"
     if layout.get("l2_prefetch", -1) >= 0:
         out += f"p{layout['l2_prefetch']}"
@@ -71,8 +69,6 @@ def tpr_value(layout: dict) -> str:
         out += f"o{layout['overlap']}"
     if layout.get("cache_row", -1) >= 0:
         out += f"r{layout['cache_row']}"
-    if layout.get("push", -1) >= 0:
-        out += f"a{layout['push']}"
     if layout.get("batch_reload", -1) >= 0:
         out += f"b{layout['batch_reload']}"
     return out

@@ -15,7 +15,8 @@ import re
 import pytest
 
 from normir import compiler
-from normir.specialize import Options, specialize
+from normir.options import Options
+from normir.specialize import specialize
 
 pytestmark = pytest.mark.cpu
 

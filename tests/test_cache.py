@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from normir import cache, compiler, library
-from normir.specialize import Options
+from normir.options import Options
 
 pytestmark = pytest.mark.cpu
 
@@ -341,7 +341,7 @@ def test_aot_lookup_imports_no_mlir(aot_dir, tmp_path):
     _run_python(f"""
         import sys
         from normir import library
-        from normir.specialize import Options
+        from normir.options import Options
         library._have_compiler = lambda: False
         b = library.get_binary(Options(**{PLAN[0]!r}))
         assert b.data

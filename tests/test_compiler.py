@@ -13,7 +13,8 @@ import pytest
 
 from normir import cli, compiler, targets, template
 from normir.kernels import KERNELS
-from normir.specialize import Options, specialize, specialize_source
+from normir.options import Options
+from normir.specialize import specialize, specialize_source
 
 pytestmark = pytest.mark.cpu
 
@@ -126,12 +127,12 @@ def _line_of(path: Path, needle: str) -> int:
 def test_errors_name_the_template_line(target):
     # A typo in the kernel template is reported at the template's own line, not the spliced text's.
     src = _source(target)
-    kernel = MLIR_DIR / "rmsnorm_fwd.mlir"
+    kernel = MLIR_DIR / "norm_fwd.mlir"
     bad_text = src.text.replace("gpu.thread_id x", "gpu.thread_idd x", 1)
     bad = template.Source(bad_text, src.origins)
     with pytest.raises(compiler.CompileError) as e:
         compiler.compile_text(bad, target, "isa")
-    assert f"rmsnorm_fwd.mlir:{_line_of(kernel, 'gpu.thread_id x')}:12: custom op 'gpu.thread_idd'" in str(e.value)
+    assert f"norm_fwd.mlir:{_line_of(kernel, 'gpu.thread_id x')}:12: custom op 'gpu.thread_idd'" in str(e.value)
 
 
 def test_errors_name_the_piece_line():
@@ -298,7 +299,7 @@ def test_toolchain_version_names_the_compiler():
 
 
 def test_cli_compile_emit_input(capsys):
-    assert cli.main(["compile", str(MLIR_DIR / "rmsnorm_fwd.mlir"), "--n", "2880", "--emit", "input"]) == 0
+    assert cli.main(["compile", str(MLIR_DIR / "norm_fwd.mlir"), "--n", "2880", "--emit", "input"]) == 0
     out = capsys.readouterr().out
     assert "memref<2880xbf16>" in out
     assert "${" not in out
@@ -311,7 +312,7 @@ def test_cli_compile_set_overrides_placeholder(capsys):
 
 
 def test_cli_compile_gfx950_isa(capsys):
-    rc = cli.main(["compile", str(MLIR_DIR / "rmsnorm_fwd.mlir"), "--target", "gfx950", "--n", "2880", "--emit", "isa"])
+    rc = cli.main(["compile", str(MLIR_DIR / "norm_fwd.mlir"), "--target", "gfx950", "--n", "2880", "--emit", "isa"])
     assert rc == 0
     assert "global_load_dwordx4" in capsys.readouterr().out
 
@@ -339,10 +340,10 @@ def test_cli_compile_errors(tmp_path, capsys):
     assert "cannot tell which kernel" in _err(["compile", str(tmp_path / "mystery.mlir")], capsys)
     assert "normir: n=0 is out of range" in _err(["compile", "rmsnorm_fwd", "--n", "0", "--emit", "input"], capsys)
     # A typo in a hand-edited kernel file: an unknown placeholder, at its line.
-    src = tmp_path / "rmsnorm_fwd.mlir"
-    src.write_text((MLIR_DIR / "rmsnorm_fwd.mlir").read_text().replace("${BLOCK}", "${BLOKC}", 1))
+    src = tmp_path / "norm_fwd.mlir"
+    src.write_text((MLIR_DIR / "norm_fwd.mlir").read_text().replace("${BLOCK}", "${BLOKC}", 1))
     line = _line_of(src, "${BLOKC}")
-    assert f"rmsnorm_fwd.mlir:{line}: placeholder ${{BLOKC}} has no value" in _err(["compile", str(src), "--emit", "input"],
+    assert f"norm_fwd.mlir:{line}: placeholder ${{BLOKC}} has no value" in _err(["compile", str(src), "--emit", "input"],
                                                                                    capsys)
     assert "-o /nonexistent/k.s: cannot write it" in _err(["compile", "rmsnorm_fwd", "-o", "/nonexistent/k.s"], capsys)
     assert "--include /nonexistent: no such folder" in _err(["compile", "rmsnorm_fwd", "--include", "/nonexistent"],
@@ -366,8 +367,8 @@ def test_cli_set_is_strict(capsys):
 
 
 def test_cli_unused_value_in_an_edited_file(tmp_path, capsys):
-    src = tmp_path / "rmsnorm_fwd.mlir"
-    src.write_text((MLIR_DIR / "rmsnorm_fwd.mlir").read_text().replace("${EPS}", "1.0e-06", 1))
+    src = tmp_path / "norm_fwd.mlir"
+    src.write_text((MLIR_DIR / "norm_fwd.mlir").read_text().replace("${EPS}", "1.0e-06", 1))
     assert "--eps was given, but the text uses no ${EPS}" in _err(["compile", str(src), "--eps", "1e-5"], capsys)
     assert cli.main(["compile", str(src), "--emit", "input"]) == 0
 
@@ -384,8 +385,8 @@ def test_cli_include_takes_pieces_first(tmp_path, capsys):
     assert "rsqrt_nvvm.mlir" in cap.err
     (tmp_path / "copy" / "common").mkdir(parents=True)
     (tmp_path / "copy" / "common" / "rsqrt_nvvm.mlir").write_text(piece)
-    (tmp_path / "copy" / "rmsnorm_fwd.mlir").write_text((MLIR_DIR / "rmsnorm_fwd.mlir").read_text())
-    assert cli.main(["compile", str(tmp_path / "copy" / "rmsnorm_fwd.mlir"), "--emit", "input"]) == 0
+    (tmp_path / "copy" / "norm_fwd.mlir").write_text((MLIR_DIR / "norm_fwd.mlir").read_text())
+    assert cli.main(["compile", str(tmp_path / "copy" / "norm_fwd.mlir"), "--emit", "input"]) == 0
     assert "local piece: rsqrt" in capsys.readouterr().out
 
 
@@ -454,7 +455,8 @@ def test_compiling_imports_no_torch():
     # torch, about 1.9 s): a compile in a fresh interpreter leaves torch unloaded, and prints nothing.
     r = _fresh("import sys\n"
                "from normir import compiler\n"
-               "from normir.specialize import Options, specialize_source\n"
+               "from normir.options import Options\n"
+               "from normir.specialize import specialize_source\n"
                "o = Options(kernel='rmsnorm_fwd', n=1024, target='gfx950')\n"
                "compiler.compile_text(specialize_source(o), 'gfx950', 'isa')\n"
                "assert 'torch' not in sys.modules, 'torch was imported'\n"

@@ -14,8 +14,8 @@ from gpu_cases import ALIGN_CASES, CLUSTER_CASES, DTYPE_NAMES, EPS, FORCED_CASES
 
 import normir
 from normir import launch
+from normir.layout import DTYPES, max_vec
 from normir.ops.rmsnorm import BWD_KEY_EPS, rmsnorm_bwd_ref, rmsnorm_ref
-from normir.specialize import DTYPES, max_vec
 
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a GPU")]
 

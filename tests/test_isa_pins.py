@@ -17,7 +17,8 @@ import pytest
 
 from normir import compiler, targets
 from normir.kernels import KERNELS
-from normir.specialize import Options, specialize_source
+from normir.options import Options
+from normir.specialize import specialize_source
 
 pytestmark = pytest.mark.cpu
 

@@ -285,10 +285,10 @@ def test_cuda_context_failure():
         d.function(0, "k", b"x", "rmsnorm_fwd")
 
 
-def _handle(lib: FakeLib, vendor: str = "cuda", args=("p", "p", "q")) -> LaunchHandle:
+def _handle(lib: FakeLib, vendor: str = "cuda", names=("a", "b", "n"), kinds=("p", "p", "q")) -> LaunchHandle:
     d = Driver(vendor, lib=lib)
     fn = d.function(0, "k", b"bin", "rmsnorm_fwd")
-    return LaunchHandle(d, fn, "rmsnorm_fwd", 256, args)
+    return LaunchHandle(d, fn, "rmsnorm_fwd", 256, names, kinds)
 
 
 def test_launch_passes_arguments_in_place():
@@ -297,8 +297,8 @@ def test_launch_passes_arguments_in_place():
     assert h.blocks_per_sm == 3
     occ = lib.called("cuOccupancyMaxActiveBlocksPerMultiprocessor")
     assert occ[0][2:] == (256, 0)
-    h.launch(7, 0xABC, 0x7F0000001000, 0, 1 << 40)
-    h.launch(9, 0, 0x7F0000002000, 0x7F0000003000, 5)
+    h.launch(7, 0xABC, a=0x7F0000001000, b=0, n=1 << 40)
+    h.launch(9, 0, n=5, b=0x7F0000003000, a=0x7F0000002000)  # by name, in the kernel's order
     first, second = lib.launches
     assert first["grid"] == (7, 1, 1) and first["block"] == (256, 1, 1) and first["shmem"] == 0
     assert first["stream"] == 0xABC and first["end"] == 0  # CU_LAUNCH_PARAM_END
@@ -310,16 +310,29 @@ def test_launch_passes_arguments_in_place():
 
 def test_launch_negative_int64():
     lib = FakeCuda()
-    h = _handle(lib, args=("q",))
-    h.launch(1, 0, -1)
+    h = _handle(lib, names=("n",), kinds=("q",))
+    h.launch(1, 0, n=-1)
     assert lib.launches[0]["values"] == [(1 << 64) - 1]
+
+
+def test_launch_fills_the_grid_argument_and_checks_names():
+    lib = FakeCuda()
+    h = _handle(lib, names=("a", "n", "grid"), kinds=("p", "q", "q"))
+    h.launch(6, 0, a=16, n=3)
+    assert lib.launches[0]["values"] == [16, 3, 6]
+    with pytest.raises(TypeError, match=r"takes the arguments \['a', 'n'\]; given \['a'\]"):
+        h.launch(6, 0, a=16)
+    with pytest.raises(TypeError, match=r"given \['a', 'm', 'n'\]"):
+        h.launch(6, 0, a=16, n=3, m=1)
+    with pytest.raises(ValueError, match="the grid argument must come last"):
+        _handle(lib, names=("grid", "a"), kinds=("q", "p"))
 
 
 @pytest.mark.parametrize("grid", [0, -3])
 def test_launch_empty_grid_does_nothing(grid):
     lib = FakeCuda(cuLaunchKernel=700)
     h = _handle(lib)
-    h.launch(grid, 0, 1, 2, 3)
+    h.launch(grid, 0, a=1, b=2, n=3)
     assert lib.called("cuLaunchKernel") == [] and lib.launches == []
 
 
@@ -327,7 +340,7 @@ def test_launch_error_carries_driver_message():
     lib = FakeCuda(cuLaunchKernel=700)
     h = _handle(lib)
     with pytest.raises(DriverError) as e:
-        h.launch(5, 0, 1, 2, 3)
+        h.launch(5, 0, a=1, b=2, n=3)
     assert str(e.value) == ("cuLaunchKernel (rmsnorm_fwd, grid 5, block 256) failed with error 700: "
                             "an illegal memory access was encountered")
 
@@ -335,14 +348,14 @@ def test_launch_error_carries_driver_message():
 def test_cluster_launch_carries_the_cluster_dimension():
     lib = FakeCuda()
     d = Driver("cuda", lib=lib)
-    h = LaunchHandle(d, d.function(0, "k", b"bin", "rmsnorm_bwd"), "rmsnorm_bwd", 512, ("p",), cluster=4)
+    h = LaunchHandle(d, d.function(0, "k", b"bin", "rmsnorm_bwd"), "rmsnorm_bwd", 512, ("a",), ("p",), cluster=4)
     assert h.active_clusters == 33 and h.resident(132) == 33  # clusters, not blocks
-    h.launch(8, 0, 1)
+    h.launch(8, 0, a=1)
     assert lib.launches[0]["grid"] == (8, 1, 1)
     assert lib.launches[0]["attrs"] == [(4, 4, 1, 1)]  # CU_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION
     plain = _handle(lib)
     assert plain.resident(132) == 132 * 3
-    plain.launch(1, 0, 1, 2, 3)
+    plain.launch(1, 0, a=1, b=2, n=3)
     assert lib.launches[1]["attrs"] == []
 
 
@@ -352,28 +365,29 @@ def test_dynamic_shared_memory(vendor, fake, setattr_name):
     lib = fake()
     d = Driver(vendor, lib=lib)
     occupancy = runtime._SYMBOLS[vendor]["occupancy"]
-    LaunchHandle(d, d.function(0, "k", b"bin", "rmsnorm_fwd"), "rmsnorm_fwd", 512, ("p",))
+    LaunchHandle(d, d.function(0, "k", b"bin", "rmsnorm_fwd"), "rmsnorm_fwd", 512, ("a",), ("p",))
     assert lib.called(setattr_name) == []  # no dynamic shared memory: nothing to lift
-    small = LaunchHandle(d, d.function(0, "k", b"bin", "rmsnorm_bwd"), "rmsnorm_bwd", 512, ("p",), shared_bytes=24576)
-    big = LaunchHandle(d, d.function(0, "k", b"bin", "rmsnorm_bwd"), "rmsnorm_bwd", 512, ("p",), shared_bytes=131072)
+    fn = d.function(0, "k", b"bin", "rmsnorm_bwd")
+    small = LaunchHandle(d, fn, "rmsnorm_bwd", 512, ("a",), ("p",), shared_bytes=24576)
+    big = LaunchHandle(d, fn, "rmsnorm_bwd", 512, ("a",), ("p",), shared_bytes=131072)
     # MAX_DYNAMIC_SHARED_SIZE_BYTES, for any amount (static shared memory counts toward 48 KB too)
     assert [args[1:] for args in lib.called(setattr_name)] == [(8, 24576), (8, 131072)]
     assert [args[3] for args in lib.called(occupancy)][-2:] == [24576, 131072]
-    small.launch(3, 0, 1)
-    big.launch(3, 0, 1)
+    small.launch(3, 0, a=1)
+    big.launch(3, 0, a=1)
     assert [launch["shmem"] for launch in lib.launches] == [24576, 131072]
 
 
 def test_shared_memory_refused_is_reported():
     d = Driver("cuda", lib=FakeCuda(cuFuncSetAttribute=1))
     with pytest.raises(DriverError, match=r"^cuFuncSetAttribute \(131072 bytes of shared memory\) failed with error 1"):
-        LaunchHandle(d, d.function(0, "k", b"bin", "rmsnorm_bwd"), "rmsnorm_bwd", 512, ("p",), shared_bytes=131072)
+        LaunchHandle(d, d.function(0, "k", b"bin", "rmsnorm_bwd"), "rmsnorm_bwd", 512, ("a",), ("p",), shared_bytes=131072)
 
 
 def test_cluster_kernel_on_hip_is_refused():
     d = Driver("hip", lib=FakeHip())
     with pytest.raises(DriverError, match=r"^hip has no thread-block clusters"):
-        LaunchHandle(d, d.function(0, "k", b"bin", "rmsnorm_bwd"), "rmsnorm_bwd", 512, ("p",), cluster=2)
+        LaunchHandle(d, d.function(0, "k", b"bin", "rmsnorm_bwd"), "rmsnorm_bwd", 512, ("a",), ("p",), cluster=2)
 
 
 def test_occupancy_at_least_one():
@@ -396,17 +410,17 @@ def test_hip_paths():
     assert lib.hipGetErrorString.restype is ctypes.c_char_p
     assert d.error_string(719) == "hipErrorLaunchFailure"
     assert d.error_string(4242) == "unknown error"  # NULL from hipGetErrorString
-    h = LaunchHandle(d, d.function(2, "k", b"hsaco", "rmsnorm_fwd"), "rmsnorm_fwd", 1024, ("p", "q"))
+    h = LaunchHandle(d, d.function(2, "k", b"hsaco", "rmsnorm_fwd"), "rmsnorm_fwd", 1024, ("a", "n"), ("p", "q"))
     assert lib.called("hipSetDevice") == [(2,)]
     assert lib.called("hipDeviceGet") == []
     assert h.blocks_per_sm == 3
-    h.launch(4, 0x55, 0x1000, 8)
+    h.launch(4, 0x55, a=0x1000, n=8)
     assert lib.launches[0]["grid"] == (4, 1, 1) and lib.launches[0]["block"] == (1024, 1, 1)
     assert lib.launches[0]["values"] == [0x1000, 8]
     lib.codes["hipModuleLaunchKernel"] = 719
     with pytest.raises(DriverError, match=r"^hipModuleLaunchKernel \(rmsnorm_fwd, grid 4, block 1024\) failed with "
                                           r"error 719: hipErrorLaunchFailure$"):
-        h.launch(4, 0, 0, 0)
+        h.launch(4, 0, a=0, n=0)
 
 
 def test_hip_set_device_failure():

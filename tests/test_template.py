@@ -8,7 +8,8 @@ from pathlib import Path
 import pytest
 
 from normir import template as T
-from normir.specialize import Options, specialize_source
+from normir.options import Options
+from normir.specialize import specialize_source
 from normir.template import Resolver, SpecializationError
 
 pytestmark = pytest.mark.cpu
@@ -73,10 +74,10 @@ def test_line_map_names_template_and_piece_lines():
     src = specialize_source(Options(kernel="rmsnorm_fwd", n=4096))
     lines = src.text.split("\n")
     assert len(src.origins) == len(lines)
-    kernel = (MLIR_DIR / "rmsnorm_fwd.mlir").read_text().split("\n")
+    kernel = (MLIR_DIR / "norm_fwd.mlir").read_text().split("\n")
     piece = (MLIR_DIR / "common" / "row_sum.mlir").read_text().split("\n")
     for i, (line, o) in enumerate(zip(lines, src.origins), start=1):
-        if o.file.endswith("rmsnorm_fwd.mlir") and "${" not in kernel[o.line - 1]:
+        if o.file.endswith("norm_fwd.mlir") and "${" not in kernel[o.line - 1]:
             # a kernel line, or the blank line a splice directive leaves after its piece
             assert line == kernel[o.line - 1] or (line == "" and "normir:splice" in kernel[o.line - 1])
         if o.file.endswith("common/row_sum.mlir") and "${" not in piece[o.line - 1]:
@@ -85,7 +86,7 @@ def test_line_map_names_template_and_piece_lines():
     tid = lines.index("    %tid = gpu.thread_id x") + 1
     assert src.where(tid, 5) == f"{src.origins[tid - 1].file}:{kernel.index('    %tid = gpu.thread_id x') + 1}:5"
     assert src.translate(f'error: "-":{tid}:5: boom') == f"error: {src.where(tid, 5)}: boom"
-    assert src.files[0].name == "rmsnorm_fwd.mlir" and any(f.name == "row_sum.mlir" for f in src.files)
+    assert src.files[0].name == "norm_fwd.mlir" and any(f.name == "row_sum.mlir" for f in src.files)
 
 
 def test_line_map_columns_move_with_filled_placeholders():

@@ -2,9 +2,8 @@
   // that carry an L2 eviction policy (createpolicy + .L2::cache_hint), from the layout's hint
   // bits: a row's last read (policy_first: ${POLICY_LAST_READ}), a first read that pass 2 repeats
   // (policy_last: ${POLICY_KEEP}), stores (policy_store: evict_first); loads through
-  // ld.global${LD_NC}${LD_L1} (with .L1::evict_last where the layout asks L1 to keep the lines);
-  // a load marked `last` (a row's last read) takes ld.global${LD_NC}${LD_L1_LAST} instead. LD_PF
-  // (here "${LD_PF}") is the prefetch-size qualifier with which the loads ask L2 for 256-byte blocks.
+  // ld.global.nc${LD_L1} (with .L1::evict_last where the layout asks L1 to keep the lines);
+  // a load marked `last` (a row's last read) takes ld.global.nc${LD_L1_LAST} instead.
   // No MLIR op carries these qualifiers, hence inline PTX. Used only where a chunk is one 16-byte
   // vector (V * EB = 16).
   func.func private @normir_policy_first() -> i64 attributes {llvm.linkage = #llvm.linkage<internal>} {
@@ -28,11 +27,11 @@
     %addr_i64 = arith.index_cast %addr : index to i64
     %ptr = llvm.inttoptr %addr_i64 : i64 to !llvm.ptr<1>
     %s = scf.if %last -> (!llvm.struct<(i32, i32, i32, i32)>) {
-      %l = llvm.inline_asm "ld.global${LD_NC}${LD_L1_LAST}.L2::cache_hint${LD_PF}.v4.b32 {$0, $1, $2, $3}, [$4], $5;",
+      %l = llvm.inline_asm "ld.global.nc${LD_L1_LAST}.L2::cache_hint.v4.b32 {$0, $1, $2, $3}, [$4], $5;",
           "=r,=r,=r,=r,l,l" %ptr, %policy : (!llvm.ptr<1>, i64) -> !llvm.struct<(i32, i32, i32, i32)>
       scf.yield %l : !llvm.struct<(i32, i32, i32, i32)>
     } else {
-      %k = llvm.inline_asm "ld.global${LD_NC}${LD_L1}.L2::cache_hint${LD_PF}.v4.b32 {$0, $1, $2, $3}, [$4], $5;",
+      %k = llvm.inline_asm "ld.global.nc${LD_L1}.L2::cache_hint.v4.b32 {$0, $1, $2, $3}, [$4], $5;",
           "=r,=r,=r,=r,l,l" %ptr, %policy : (!llvm.ptr<1>, i64) -> !llvm.struct<(i32, i32, i32, i32)>
       scf.yield %k : !llvm.struct<(i32, i32, i32, i32)>
     }

@@ -12,11 +12,11 @@
   // overwritten while it is read, and no phase is skipped. Pushes that land before the owner
   // arms its mbarrier leave the transaction count negative; the phase cannot complete before the
   // owner's arrival. Nobody reads a peer's memory, and every push to a block lands before the
-  // block's own wait returns, so blocks leave without a barrier (cluster_leave_* are empty).
+  // block's own wait returns, so blocks leave without a barrier.
   // Unlike barrier.cluster.arrive, a release by every thread, st.async orders nothing else: the
   // last row's stores and copies of the next row (STAGE) stay in flight across the exchange, and
-  // no block waits for the slowest thread of each peer (on the H200, 3-18% faster than
-  // cluster_sum_nvvm.mlir; see driver/specialize.py).
+  // no block waits for the slowest thread of each peer (on the H200, 3-18% faster than an
+  // exchange through the cluster barrier, which was removed; see docs/tuning.md).
   // st.async needs PTX 8.1.
   llvm.mlir.global internal @normir_xch_slots() {addr_space = 3 : i32, alignment = 16 : i64} : !llvm.array<16 x f32>
   llvm.mlir.global internal @normir_xch_mbar() {addr_space = 3 : i32, alignment = 8 : i64} : !llvm.array<2 x i64>
@@ -117,10 +117,4 @@
     func.call @normir_cluster_post(%v, %tid, %iter) : (f32, index, index) -> ()
     %total = func.call @normir_cluster_read(%v, %iter) : (f32, index) -> f32
     return %total : f32
-  }
-  func.func private @normir_cluster_leave_arrive() attributes {llvm.linkage = #llvm.linkage<internal>} {
-    return
-  }
-  func.func private @normir_cluster_leave_wait() attributes {llvm.linkage = #llvm.linkage<internal>} {
-    return
   }

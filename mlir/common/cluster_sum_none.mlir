@@ -15,9 +15,3 @@
       attributes {llvm.linkage = #llvm.linkage<internal>} {
     return %v : f32
   }
-  func.func private @normir_cluster_leave_arrive() attributes {llvm.linkage = #llvm.linkage<internal>} {
-    return
-  }
-  func.func private @normir_cluster_leave_wait() attributes {llvm.linkage = #llvm.linkage<internal>} {
-    return
-  }

@@ -1,4 +1,4 @@
-"""Options validation, cache-key text, the row layout policies and placeholder substitution (no MLIR)."""
+"""Options validation, cache-key text, the layout policy, and the placeholder values it leads to (no MLIR)."""
 
 from __future__ import annotations
 
@@ -8,20 +8,14 @@ import math
 
 import pytest
 
-from normir import specialize as S
+from normir import layout as S
+from normir import options as O
+from normir import specialize as SP
 from normir import targets
 from normir.kernels import KERNELS
-from normir.specialize import (
-    HINT_KEEP,
-    HINT_L1_FIRST,
-    HINT_L1_KEEP,
-    HINT_L2_256B,
-    HINT_LAST_READ,
-    HINT_STORES,
-    MAX_N,
-    Options,
-    specialize,
-)
+from normir.layout import HINT_KEEP, HINT_L1_FIRST, HINT_L1_KEEP, HINT_LAST_READ, HINT_STORES
+from normir.options import MAX_N, Options
+from normir.specialize import specialize
 
 pytestmark = pytest.mark.cpu
 
@@ -80,7 +74,7 @@ def test_options_rejects_bool_n():
 
 
 def test_options_accepts_eps_bounds():
-    assert Options(kernel="rmsnorm_fwd", n=8, eps=S.FLT_MIN).eps == S.FLT_MIN
+    assert Options(kernel="rmsnorm_fwd", n=8, eps=O.FLT_MIN).eps == O.FLT_MIN
     assert Options(kernel="rmsnorm_fwd", n=8, eps=1).eps == 1.0
     assert Options(kernel="rmsnorm_fwd", n=1).n == 1
     assert Options(kernel="rmsnorm_fwd", n=MAX_N, dtype="f32").n == MAX_N
@@ -89,11 +83,11 @@ def test_options_accepts_eps_bounds():
 def test_eps_rounded_to_float32():
     o = Options(kernel="rmsnorm_fwd", n=1024, eps=1e-6)
     assert o.eps != 1e-6
-    assert o.eps == S.f32(1e-6) == 9.999999974752427e-07
-    assert S.f32(o.eps) == o.eps
+    assert o.eps == O.f32(1e-6) == 9.999999974752427e-07
+    assert O.f32(o.eps) == o.eps
     # The same float32 from another double: the same binary.
     assert Options(kernel="rmsnorm_fwd", n=1024, eps=1e-6 + 1e-20).digest() == o.digest()
-    assert S.mlir_f32(o.eps) == "9.999999975e-07"
+    assert SP.mlir_f32(o.eps) == "9.999999975e-07"
 
 
 def test_vec_defaults_to_widest_and_normalizes_key():
@@ -121,17 +115,16 @@ def test_key_string_is_stable_text():
     assert o.key_string() == (
         "kernel='rmsnorm_fwd';n=4096;dtype='bf16';wdtype='bf16';eps=9.999999974752427e-07;target='sm_90';"
         "has_weight=True;store_rstd=False;vec=8;atomic_dw=False;tpr=0;cluster=0;l2_prefetch=-1;stage=-1;"
-        "min_blocks=0;hints=-1;overlap=-1;cache_row=-1;push=-1;batch_reload=-1"
+        "min_blocks=0;hints=-1;overlap=-1;cache_row=-1;batch_reload=-1"
     )
     assert o.digest() == hashlib.sha256(o.key_string().encode()).hexdigest()
-    assert o.digest() == "d3aa9d7619aee5bd740c769f1362ad87fac24fab2f6d7f5f495f4107b4601024"
+    assert o.digest() == "a1c8e958a622b4fe9a4776841f4d0e60596ee4c65df780fc5cd3697bc47ff66b"
     assert "layout" not in o.key_string()
 
 
 _ALTERNATIVES = dict(kernel="rmsnorm_bwd", n=2048, dtype="f16", wdtype="f32", eps=1e-5, target="gfx950",
                      has_weight=False, store_rstd=True, vec=4, atomic_dw=True, tpr=256, cluster=2,
-                     l2_prefetch=0, stage=0, min_blocks=2, hints=0, overlap=0, cache_row=0, push=0,
-                     batch_reload=0)
+                     l2_prefetch=0, stage=0, min_blocks=2, hints=0, overlap=0, cache_row=0, batch_reload=0)
 
 
 def test_alternatives_cover_every_key_field():
@@ -361,9 +354,9 @@ def test_l2_prefetch_policy():
     assert Options(kernel="rmsnorm_bwd", n=64, l2_prefetch=1).layout.l2_prefetch
     assert not Options(kernel="rmsnorm_bwd", n=8192, target="gfx950").layout.l2_prefetch
     assert not Options(kernel="rmsnorm_dw_reduce", n=8192, dtype="f32").layout.l2_prefetch
-    with pytest.raises(ValueError, match=r"^l2_prefetch=1: rmsnorm_bwd on gfx950 has no L2 prefetch"):
+    with pytest.raises(ValueError, match=r"^l2_prefetch=1: gfx950 has no L2 prefetch instruction"):
         Options(kernel="rmsnorm_bwd", n=8192, target="gfx950", l2_prefetch=1)
-    with pytest.raises(ValueError, match=r"^l2_prefetch=1: rmsnorm_fwd on sm_90 has no L2 prefetch"):
+    with pytest.raises(ValueError, match=r"^l2_prefetch=1: rmsnorm_fwd \(a block per row group\) has no L2 prefetch"):
         Options(kernel="rmsnorm_fwd", n=8192, l2_prefetch=1)
     with pytest.raises(ValueError, match=r"^l2_prefetch=2: choose 1 \(on\), 0 \(off\) or -1"):
         Options(kernel="rmsnorm_fwd", n=8192, l2_prefetch=2)
@@ -397,15 +390,18 @@ def test_hint_policy():
     assert hints("rmsnorm_fwd", tpr=256) == hints("rmsnorm_fwd", hints=0) == 0  # forced: no streaming
     assert hints("rmsnorm_fwd", n=32768, hints=2) == 2
     assert hints(target="gfx950") == hints(vec=4) == hints(n=4095) == 0  # no hints there
-    assert hints(hints=0) == 0 and hints(n=8192, hints=15) == 15 and hints(n=8192, hints=127) == 127
+    assert hints(hints=0) == 0 and hints(n=8192, hints=7) == 7 and hints(n=8192, hints=55) == 55
     with pytest.raises(ValueError, match=r"^hints=3: rmsnorm_bwd on gfx950 has no L2 eviction hints for 16-byte"):
         Options(kernel="rmsnorm_bwd", n=4096, target="gfx950", hints=3)
     with pytest.raises(ValueError, match=r"^hints=1: rmsnorm_fwd on sm_90 has no L2 eviction hints for 8-byte"):
         Options(kernel="rmsnorm_fwd", n=4096, vec=4, hints=1)
-    for bad in (128, -2, True, 1.0):
+    for bad in (56, 128, -2, True, 1.0):
         with pytest.raises(ValueError, match=r"^hints=.* choose -1 \(the policy's\), 0 \(none\), or a sum of"):
             Options(kernel="rmsnorm_fwd", n=4096, hints=bad)
-    with pytest.raises(ValueError, match=r"^hints=1: rmsnorm_dw_reduce on sm_90 has no L2 eviction hints"):
+    for bad in (8, 15, 40):  # the pruned bits 8 (coherent loads) and 64 (.L2::256B) are not hints
+        with pytest.raises(ValueError, match=rf"^hints={bad}: bits 8 are not hints"):
+            Options(kernel="rmsnorm_fwd", n=4096, hints=bad)
+    with pytest.raises(ValueError, match=r"^hints=1: rmsnorm_dw_reduce has a fixed layout"):
         Options(kernel="rmsnorm_dw_reduce", n=4096, dtype="f32", hints=1)
 
 
@@ -419,28 +415,24 @@ def test_l1_qualifier_of_last_reads():
     assert text(hints=53).count("ld.global.nc.L1::evict_last.L2") == 1
     assert text(hints=21).count("ld.global.nc.L1::evict_last.L2") == 2 and "evict_first.L2" not in text(hints=21)
     assert text(hints=5).count("ld.global.nc.L2::cache_hint") == 2
-    assert text(hints=61).count("ld.global.L1::evict_first.L2") == 1  # coherent: no .nc
-    # Bit 64 asks L2 for 256-byte blocks on every hinted load (a knob: no policy takes it).
-    assert text(hints=85).count(".L2::cache_hint.L2::256B.v4") == 2 and ".L2::256B" not in text(hints=21)
-    bwd = specialize(Options(kernel="rmsnorm_bwd", n=2880, has_weight=False, hints=19 | HINT_L2_256B))
-    assert bwd.count(".L2::cache_hint.L2::256B.v4") == 2 and "st.global.L2::cache_hint.v4" in bwd
+    bwd = specialize(Options(kernel="rmsnorm_bwd", n=2880, has_weight=False, hints=19))
+    assert bwd.count("ld.global.nc.L1::evict_last.L2::cache_hint.v4") == 2 and "st.global.L2::cache_hint.v4" in bwd
 
 
 def test_forward_batch_reload():
     # The forward's streamed rows of 4 chunks per thread over at most 512 threads (16384 in 16-bit
     # types) batch pass 2's loads; 2-chunk rows (8192), 1024 threads (32768) and held rows do not.
-    # Its blocks sum one row each: row_sum's trailing barrier is left out (kept when staged).
+    # Its blocks sum one row each: row_sum's trailing barrier is left out (kept in persistent grids).
     def lay(**kw):
         return Options(kernel="rmsnorm_fwd", **kw).layout
 
     assert lay(n=16384).batch_reload and lay(n=12288).batch_reload and lay(n=8192, dtype="f32", wdtype="f32").batch_reload
     assert not (lay(n=8192).batch_reload or lay(n=32768).batch_reload or lay(n=65536).batch_reload)
     assert not lay(n=16384, tpr=512, cache_row=0, hints=53).batch_reload  # forced layouts: not the policy's
-    values = S.common_values(Options(kernel="rmsnorm_fwd", n=16384))
+    values = SP.common_values(Options(kernel="rmsnorm_fwd", n=16384))
     assert values["BATCH_RELOAD"] == "true" and values["RED_REUSED"] == "false"
-    assert S.common_values(Options(kernel="rmsnorm_fwd", n=8192))["BATCH_RELOAD"] == "false"
-    assert S.common_values(Options(kernel="rmsnorm_fwd", n=8192, stage=1))["RED_REUSED"] == "true"
-    assert S.common_values(Options(kernel="rmsnorm_bwd", n=8192))["RED_REUSED"] == "true"
+    assert SP.common_values(Options(kernel="rmsnorm_fwd", n=8192))["BATCH_RELOAD"] == "false"
+    assert SP.common_values(Options(kernel="rmsnorm_bwd", n=8192))["RED_REUSED"] == "true"
     # The knob: forced on a streamed forward row, off on the policy's, refused where rows are held.
     assert lay(n=8192, tpr=256, cache_row=0, hints=53, batch_reload=1).batch_reload
     assert not lay(n=16384, batch_reload=0).batch_reload
@@ -459,13 +451,13 @@ def test_nvidia_forward_row_shapes():
     # an option that needs 16-byte chunks (staging, hints) or a layout is forced.
     lay = Options(kernel="rmsnorm_fwd", n=65536).layout
     assert (lay.tpr, lay.cluster, lay.vec, lay.k, lay.kfull, lay.min_blocks) == (256, 4, 4, 16, 16, 4)
-    assert lay.cache_row and not lay.prefetch_w and lay.push
-    assert "minctasm = 4" in S.common_values(Options(kernel="rmsnorm_fwd", n=65536))["KERNEL_ATTRS"]
+    assert lay.cache_row and not lay.prefetch_w
+    assert "minctasm = 4" in SP.common_values(Options(kernel="rmsnorm_fwd", n=65536))["KERNEL_ATTRS"]
     assert Options(kernel="rmsnorm_fwd", n=65536, min_blocks=2).layout.min_blocks == 2  # forced
     for one_block in (Options(kernel="rmsnorm_fwd", n=65536, cluster=1).layout,
                       Options(kernel="rmsnorm_fwd", n=65536, target="sm_80").layout):
         assert (one_block.tpr, one_block.cluster, one_block.vec, one_block.k, one_block.min_blocks) == (1024, 1, 4, 16, 0)
-    for forced in (dict(stage=1), dict(hints=2), dict(tpr=1024)):
+    for forced in (dict(hints=2), dict(tpr=1024)):
         assert Options(kernel="rmsnorm_fwd", n=65536, **forced).layout.vec == 8
     assert Options(kernel="rmsnorm_fwd", n=65536, target="gfx950").layout.vec == 8
     # Only bf16 rows in 16-byte chunks narrow (as measured): not f16 or f32 rows of the same shape,
@@ -484,28 +476,18 @@ def test_nvidia_forward_row_shapes():
     assert (amd.tpr, amd.rows, amd.k) == (64, 4, 4)
 
 
-def test_push_policy():
-    # Rows split over a cluster exchange their totals by pushes (st.async + mbarriers) unless
-    # push=0 asks for the cluster barrier; rows in one block have no exchange at all.
+def test_cluster_exchange_by_pushes():
+    # Rows split over a cluster exchange their totals by pushes (st.async + mbarriers); rows in one
+    # block have no exchange at all, and no cluster barrier is left in any kernel.
     def spliced(**kw):  # (pushes, the cluster barrier's arrive) in the kernel text
-        text = S.specialize(Options(kernel="rmsnorm_bwd", **{"n": 32768, **kw}))
+        text = SP.specialize(Options(kernel="rmsnorm_bwd", **{"n": 32768, **kw}))
         return "st.async" in text, "nvvm.cluster.arrive\n" in text
 
-    assert Options(kernel="rmsnorm_bwd", n=32768).layout.push
-    assert Options(kernel="rmsnorm_fwd", n=65536, cluster=4).layout.push
-    assert not Options(kernel="rmsnorm_fwd", n=32768).layout.push  # one block per row
-    assert not Options(kernel="rmsnorm_bwd", n=32768, push=0).layout.push
-    assert not Options(kernel="rmsnorm_bwd", n=32768, target="gfx950").layout.push
     assert spliced() == (True, False)
-    assert spliced(push=0) == (False, True)
     assert spliced(n=4096) == (False, False)
-    with pytest.raises(ValueError, match=r"^push=1 needs rows split over a cluster \(here 1 block\(s\)\)"):
-        Options(kernel="rmsnorm_bwd", n=4096, push=1)
-    with pytest.raises(ValueError, match=r"^push=1 needs rows split over a cluster \(here 1 block\(s\)\) on a target "
-                                         r"with st.async \(gfx950: no\)"):
-        Options(kernel="rmsnorm_bwd", n=32768, target="gfx950", push=1)
-    with pytest.raises(ValueError, match=r"^push=2: choose 1 \(pushes and mbarriers\), 0 \(the cluster barrier\)"):
-        Options(kernel="rmsnorm_bwd", n=32768, push=2)
+    assert spliced(target="gfx950") == (False, False)
+    text = SP.specialize(Options(kernel="rmsnorm_fwd", n=65536))
+    assert "st.async" in text and "nvvm.cluster.arrive\n" not in text
 
 
 def test_overlap_policy():
@@ -520,11 +502,11 @@ def test_overlap_policy():
     assert overlap(n=65536, dtype="f32", wdtype="f32") == 0  # 1024-thread blocks
     assert overlap(target="gfx950") == 0
     assert overlap(overlap=0) == 0 and overlap(overlap=4) == 4
-    with pytest.raises(ValueError, match=r"^overlap=2 needs the backward \(rmsnorm_bwd\) with rows split over a cluster"):
+    with pytest.raises(ValueError, match=r"^overlap=2 needs a persistent kernel \(a backward\) with rows split over"):
         Options(kernel="rmsnorm_bwd", n=16384, overlap=2)
     with pytest.raises(ValueError, match=r"^overlap=5: choose -1 \(the policy's\), 0 \(none\) or a chunk count up to K=4"):
         Options(kernel="rmsnorm_bwd", n=32768, overlap=5)
-    with pytest.raises(ValueError, match=r"^overlap=1 needs the backward \(rmsnorm_fwd\)"):
+    with pytest.raises(ValueError, match=r"^overlap=1 needs a persistent kernel \(a backward\)"):
         Options(kernel="rmsnorm_fwd", n=65536, dtype="f32", wdtype="f32", overlap=1)
 
 
@@ -551,7 +533,7 @@ def test_no_weight_policy():
     assert not Options(kernel="rmsnorm_fwd", n=65536, cache_row=0).layout.cache_row
     with pytest.raises(ValueError, match=r"^cache_row=1: a row of N=1048576 .* does not fit the registers of sm_90"):
         Options(kernel="rmsnorm_fwd", n=MAX_N, dtype="f32", wdtype="f32", cache_row=1)
-    with pytest.raises(ValueError, match=r"^cache_row=1: only the forward and the backward take it"):
+    with pytest.raises(ValueError, match=r"^cache_row=1: rmsnorm_dw_reduce has a fixed layout"):
         Options(kernel="rmsnorm_dw_reduce", n=4096, dtype="f32", cache_row=1)
 
 
@@ -600,16 +582,13 @@ def test_stage_policy():
     assert not Options(kernel="rmsnorm_bwd", n=1024).layout.stage  # held in registers
     assert not Options(kernel="rmsnorm_bwd", n=8192, vec=4).layout.stage  # 8-byte chunks
     assert not Options(kernel="rmsnorm_bwd", n=8192, target="gfx950").layout.stage
-    # The forward stages its persistent grid's next row (one buffer) only when forced.
+    # Kernels of a block per row group (the forward) have no staging (it lost 4-11%: removed).
     assert not Options(kernel="rmsnorm_fwd", n=16384).layout.stage
-    fwd = Options(kernel="rmsnorm_fwd", n=16384, stage=1).layout
-    assert fwd.stage and fwd.cache_row and fwd.smem_bytes == fwd.k * fwd.block * 16
-    assert Options(kernel="rmsnorm_fwd", n=4096, stage=1).layout.smem_bytes == 4 * 128 * 16
     assert not Options(kernel="rmsnorm_fwd", n=1024, stage=0).layout.stage and \
         Options(kernel="rmsnorm_fwd", n=1024).layout.smem_bytes == 0
-    with pytest.raises(ValueError, match=r"^stage=1 needs .* the row held in registers"):
-        Options(kernel="rmsnorm_fwd", n=MAX_N, stage=1)
-    with pytest.raises(ValueError, match=r"^stage=1: rmsnorm_dw_reduce has no staged layout"):
+    with pytest.raises(ValueError, match=r"^stage=1: rmsnorm_fwd \(a block per row group\) has no staged layout"):
+        Options(kernel="rmsnorm_fwd", n=16384, stage=1)
+    with pytest.raises(ValueError, match=r"^stage=1: rmsnorm_dw_reduce has a fixed layout"):
         Options(kernel="rmsnorm_dw_reduce", n=4096, dtype="f32", stage=1)
     for bad in (dict(target="gfx950"), dict(vec=4), dict(n=1024)):
         with pytest.raises(ValueError, match=r"^stage=1 needs a target with asynchronous copies"):
@@ -655,7 +634,7 @@ def _kernel_options(kernel: str, target: str, n: int = 2880) -> Options:
 @pytest.mark.parametrize("target", targets.PRIMARY)
 def test_specialize_every_kernel(kernel, target):
     o = _kernel_options(kernel, target)
-    text = S.specialize(o)
+    text = SP.specialize(o)
     assert "${" not in text
     assert "normir:splice" not in text
     assert "memref<2880x" in text
@@ -665,10 +644,10 @@ def test_specialize_every_kernel(kernel, target):
 
 
 def test_specialize_values_follow_options():
-    a = S.specialize(Options(kernel="rmsnorm_fwd", n=4096, eps=1e-5))
-    b = S.specialize(Options(kernel="rmsnorm_fwd", n=4096, eps=1e-6, has_weight=False, dtype="f16", wdtype="f32"))
-    assert f"arith.constant {S.mlir_f32(1e-5)} : f32" in a
-    assert f"arith.constant {S.mlir_f32(1e-6)} : f32" in b
+    a = SP.specialize(Options(kernel="rmsnorm_fwd", n=4096, eps=1e-5))
+    b = SP.specialize(Options(kernel="rmsnorm_fwd", n=4096, eps=1e-6, has_weight=False, dtype="f16", wdtype="f32"))
+    assert f"arith.constant {SP.mlir_f32(1e-5)} : f32" in a
+    assert f"arith.constant {SP.mlir_f32(1e-6)} : f32" in b
     assert "%has_weight = arith.constant true" in a and "%has_weight = arith.constant false" in b
     assert "memref<4096xf16>" in b and "memref<4096xf32>" in b and "arith.extf" in b
     assert "vector<8xbf16>" in a and "arith.extf" in a

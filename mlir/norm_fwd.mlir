@@ -11,22 +11,18 @@
 // lane; the last k may fall past the part's end and is masked. With CACHE_ROW the chunks
 // stay in a private array (registers after unrolling) between the two passes: x is read once.
 // Without it (rows too long for registers) the second pass reads x again, mostly from L2.
-// Row groups: block (cluster) c takes groups c, c + GRID / CLUSTER, ... A launch of one block per
-// group runs the loop once per block; STAGE launches a persistent grid instead, in which each
-// thread copies its chunks of the block's next row into shared memory (cp.async) while the
-// current row, in registers, is normalized and written (an option: on the H200 it measured
-// 4-11% slower than a block per row, see driver/specialize.py). HINT_LD / HINT_ST: x's loads and
+// Block (cluster) c takes row group c: a launch has one block (cluster) per group. HINT_LD / HINT_ST: x's loads and
 // y's stores carry an L2 eviction policy and, on loads, an L1 one (16-byte chunks on NVVM targets;
 // the policy's streamed rows use the load hints, a row's last read marked as such).
 //
 // Placeholders: N, T (x/y type), WT (weight type), EPS, V, ALIGN, BLOCK, ROWS, TPR, K, KFULL,
-// NCHUNK, CLUSTER, NSUB, EB (bytes per element), STAGE, STAGE_BLOCK_BYTES, HAS_WEIGHT, STORE_RSTD,
+// NCHUNK, CLUSTER, NSUB, EB (bytes per element), HAS_WEIGHT, STORE_RSTD,
 // CACHE_ROW, PREFETCH_W (weight chunks loaded in pass 1), BATCH_RELOAD (pass 2 reads every
 // chunk of x and w before computing), HINT_LD, HINT_ST, EXT_T/EXT_WT (cast
 // to f32), TRUNC_T (cast from f32), TARGET (gpu.module target attribute), KERNEL_ATTRS (extra
 // kernel attributes: a register bound), the pieces LATE_EXT_PIECE (pass 2's cast), CLUSTER_PIECE
-// (cross-block sum), STAGE_PIECE (asynchronous copies) and HINT_PIECE (loads and stores with an
-// L2 policy), and the placeholders of the spliced common pieces.
+// (cross-block sum) and HINT_PIECE (loads and stores with an L2 policy), and the placeholders of
+// the spliced common pieces.
 // Arguments: x, w, y (bare pointers), rstd (fp32 per row), rows, row strides of x and y
 // (elements), and the grid size in blocks.
 module attributes {gpu.container_module} {
@@ -35,18 +31,15 @@ gpu.module @normir [${TARGET}] {
 // normir:splice ${RSQRT_PIECE}
 // normir:splice ${LATE_EXT_PIECE}
 // normir:splice ${CLUSTER_PIECE}
-// normir:splice ${STAGE_PIECE}
 // normir:splice ${HINT_PIECE}
 
-  gpu.func @rmsnorm_fwd(%x_arg: memref<${N}x${T}> {llvm.noalias, llvm.readonly},
-                        %w_arg: memref<${N}x${WT}> {llvm.noalias, llvm.readonly},
-                        %y_arg: memref<${N}x${T}> {llvm.noalias, llvm.writeonly},
-                        %rstd_arg: memref<1xf32> {llvm.noalias, llvm.writeonly},
-                        %rows: index, %x_stride: index, %y_stride: index, %grid: index)
+  gpu.func @${ENTRY}(
+      ${ARGS})
       workgroup(%red: memref<${WPR}xf32, #gpu.address_space<workgroup>>)
       private(%xbuf: memref<${K}x${V}x${T}, #gpu.address_space<private>>,
               %wbuf: memref<${K}x${V}x${WT}, #gpu.address_space<private>>)
       kernel attributes {known_block_size = array<i32: ${BLOCK}, 1, 1>${KERNEL_ATTRS}} {
+${ABSENT}
     %c0 = arith.constant 0 : index
     %c1 = arith.constant 1 : index
     %c2 = arith.constant 2 : index
@@ -58,7 +51,6 @@ gpu.module @normir [${TARGET}] {
     %store_rstd = arith.constant ${STORE_RSTD}
     %cache_row = arith.constant ${CACHE_ROW}
     %prefetch_w = arith.constant ${PREFETCH_W}
-    %stage_on = arith.constant ${STAGE}
     %eb = arith.constant ${EB} : index
     %hint_ld = arith.constant ${HINT_LD}
     %hint_st = arith.constant ${HINT_ST}
@@ -96,31 +88,15 @@ gpu.module @normir [${TARGET}] {
     %pol_last = func.call @normir_policy_last() : () -> i64
     %pol_store = func.call @normir_policy_store() : () -> i64
     %pol_pass1 = arith.select %cache_row, %pol_first, %pol_last : i64
-    // STAGE buffer (dynamic shared memory): [k][thread] -> one 16-byte chunk of the next row.
-    %stage_base = func.call @normir_stage_base() : () -> index
     func.call @normir_cluster_init(%tid) : (index) -> ()  // before any peer's first exchange
-    scf.if %stage_on {
-      %first_ok = arith.cmpi ult, %cid, %groups : index
-      scf.if %first_ok {
-        func.call @normir_fwd_stage(%x_base, %stage_base, %cid, %x_stride, %lane, %tid, %col_base)
-            : (index, index, index, index, index, index, index) -> ()
-      }
-      func.call @normir_stage_commit() : () -> ()
-    }
 
-    // Without STAGE the grid has a block (cluster) per group: a loop of one trip, which folds away
-    // (a real loop would keep loop-invariant loads, such as w, live in registers).
+    // The grid has a block (cluster) per group: a loop of one trip, which folds away.
     %cid_next = arith.addi %cid, %c1 : index
-    %g_end = arith.select %stage_on, %groups, %cid_next : index
-    %g_step = arith.select %stage_on, %clusters, %c1 : index
-    scf.for %g = %cid to %g_end step %g_step {
+    scf.for %g = %cid to %cid_next step %c1 {
       %iter = arith.divui %g, %clusters : index
       %g_base = arith.muli %g, %rows_per_block : index
       %row = arith.addi %g_base, %slot : index
       %row_valid = arith.cmpi ult, %row, %rows : index
-      scf.if %stage_on {
-        func.call @normir_stage_wait_all() : () -> ()  // this row's chunks are in shared memory
-      }
       // ROWS > 1 only when a row fits in one warp (no barrier), so this branch may diverge;
       // with one row per block it is uniform across the block and the barriers inside are safe.
       scf.if %row_valid {
@@ -134,23 +110,16 @@ gpu.module @normir [${TARGET}] {
           %in_row = arith.cmpi ult, %chunk, %nchunk : index
           %live = arith.ori %always, %in_row : i1
           %xv = scf.if %live -> (vector<${V}x${T}>) {
-            %v = scf.if %stage_on -> (vector<${V}x${T}>) {
-              %at = func.call @normir_fwd_stage_slot(%stage_base, %k, %tid) : (index, index, index) -> index
-              %s = func.call @normir_stage_load(%at) : (index) -> vector<${V}x${T}>
-              scf.yield %s : vector<${V}x${T}>
+            %m = scf.if %hint_ld -> (vector<${V}x${T}>) {
+              %e0 = arith.muli %row, %x_stride : index
+              %e = arith.addi %e0, %col : index
+              %h = func.call @normir_ld_hint(%x_base, %e, %pol_pass1, %cache_row) : (index, index, i64, i1) -> vector<${V}x${T}>
+              scf.yield %h : vector<${V}x${T}>
             } else {
-              %m = scf.if %hint_ld -> (vector<${V}x${T}>) {
-                %e0 = arith.muli %row, %x_stride : index
-                %e = arith.addi %e0, %col : index
-                %h = func.call @normir_ld_hint(%x_base, %e, %pol_pass1, %cache_row) : (index, index, i64, i1) -> vector<${V}x${T}>
-                scf.yield %h : vector<${V}x${T}>
-              } else {
-                %l = vector.load %x[%row, %col] {alignment = ${ALIGN}} : memref<?x${N}x${T}, strided<[?, 1]>>, vector<${V}x${T}>
-                scf.yield %l : vector<${V}x${T}>
-              }
-              scf.yield %m : vector<${V}x${T}>
+              %l = vector.load %x[%row, %col] {alignment = ${ALIGN}} : memref<?x${N}x${T}, strided<[?, 1]>>, vector<${V}x${T}>
+              scf.yield %l : vector<${V}x${T}>
             }
-            scf.yield %v : vector<${V}x${T}>
+            scf.yield %m : vector<${V}x${T}>
           } else {
             scf.yield %zero_t : vector<${V}x${T}>
           }
@@ -171,19 +140,6 @@ gpu.module @normir [${TARGET}] {
         %sq_row = func.call @normir_row_sum(%sq_thread, %tid, %red)
             : (f32, index, memref<${WPR}xf32, #gpu.address_space<workgroup>>) -> f32
         %sq_all = func.call @normir_cluster_sum(%sq_row, %tid, %iter) : (f32, index, index) -> f32
-        // This block is done reading its peers' slots; it waits for theirs at the end of the row.
-        func.call @normir_cluster_leave_arrive() : () -> ()
-        // The reduction's barrier is behind every thread's reads of the STAGE buffer: refill it
-        // with the block's next row while this one is normalized and written.
-        scf.if %stage_on {
-          %next = arith.addi %g, %clusters : index
-          %next_ok = arith.cmpi ult, %next, %groups : index
-          scf.if %next_ok {
-            func.call @normir_fwd_stage(%x_base, %stage_base, %next, %x_stride, %lane, %tid, %col_base)
-                : (index, index, index, index, index, index, index) -> ()
-          }
-          func.call @normir_stage_commit() : () -> ()
-        }
         %mean_sq = arith.mulf %sq_all, %inv_n : f32
         %var_eps = arith.addf %mean_sq, %eps : f32
         %rstd = func.call @normir_rsqrt(%var_eps) : (f32) -> f32
@@ -266,7 +222,6 @@ gpu.module @normir [${TARGET}] {
             }
           }
         }
-        func.call @normir_cluster_leave_wait() : () -> ()
       }
     }
     gpu.return
@@ -291,47 +246,6 @@ gpu.module @normir [${TARGET}] {
       scf.yield %l : vector<${V}x${T}>
     }
     return %v : vector<${V}x${T}>
-  }
-
-  // STAGE: start copying this thread's chunks of row `row` into the buffer (16 bytes each;
-  // chunks past the row end are not copied and not read).
-  func.func private @normir_fwd_stage(%x_base: index, %stage_base: index, %row: index, %x_stride: index,
-      %lane: index, %tid: index, %col_base: index) attributes {llvm.linkage = #llvm.linkage<internal>} {
-    %tpr = arith.constant ${TPR} : index
-    %vw = arith.constant ${V} : index
-    %k_full = arith.constant ${KFULL} : index
-    %nchunk = arith.constant ${NCHUNK} : index
-    %eb = arith.constant ${EB} : index
-    %x_row = arith.muli %row, %x_stride : index
-    affine.for %k = 0 to ${K} {
-      %ck = arith.muli %k, %tpr : index
-      %chunk = arith.addi %ck, %lane : index
-      %col_in = arith.muli %chunk, %vw : index
-      %col = arith.addi %col_base, %col_in : index
-      %always = arith.cmpi ult, %k, %k_full : index
-      %in_row = arith.cmpi ult, %chunk, %nchunk : index
-      %live = arith.ori %always, %in_row : i1
-      scf.if %live {
-        %dst = func.call @normir_fwd_stage_slot(%stage_base, %k, %tid) : (index, index, index) -> index
-        %elem = arith.addi %x_row, %col : index
-        %byte = arith.muli %elem, %eb : index
-        %src = arith.addi %x_base, %byte : index
-        func.call @normir_stage_copy(%dst, %src) : (index, index) -> ()
-      }
-    }
-    return
-  }
-
-  // Shared address of this thread's chunk k in the STAGE buffer: stage_base + k * BLOCK * 16 + tid * 16.
-  func.func private @normir_fwd_stage_slot(%stage_base: index, %k: index, %tid: index) -> index
-      attributes {llvm.linkage = #llvm.linkage<internal>} {
-    %sixteen = arith.constant 16 : index
-    %block_bytes = arith.constant ${STAGE_BLOCK_BYTES} : index
-    %k_byte = arith.muli %k, %block_bytes : index
-    %t_byte = arith.muli %tid, %sixteen : index
-    %off = arith.addi %k_byte, %t_byte : index
-    %at = arith.addi %stage_base, %off : index
-    return %at : index
   }
 }
 }

@@ -20,7 +20,7 @@
 // CACHE_ROW: x and dy stay in registers between the two passes; otherwise (rows too long) the
 // second pass reads them again, mostly from L2. DW_REGS: the dw sums live in registers for the
 // whole persistent loop; otherwise they accumulate in the block's own partial row in global
-// memory (read-modify-write per row, L2-resident). PREFETCH_W: w is loaded once per block.
+// memory (read-modify-write per row, L2-resident).
 // L2_PREFETCH: pass 1 also asks L2 for the same chunks of x and dy of the block's next row.
 // STAGE: x and dy come through shared memory: while a row is reduced and written, each thread's
 // chunks of the next row are already being copied (cp.async) into the other of two buffers, and
@@ -45,20 +45,14 @@ gpu.module @normir [${TARGET}] {
 // normir:splice ${STAGE_PIECE}
 // normir:splice ${HINT_PIECE}
 
-  gpu.func @rmsnorm_bwd(%x_arg: memref<${N}x${T}> {llvm.noalias, llvm.readonly},
-                        %w_arg: memref<${N}x${WT}> {llvm.noalias, llvm.readonly},
-                        %dy_arg: memref<${N}x${T}> {llvm.noalias, llvm.readonly},
-                        %rstd_arg: memref<1xf32> {llvm.noalias, llvm.readonly},
-                        %dx_arg: memref<${N}x${T}> {llvm.noalias, llvm.writeonly},
-                        %dw_arg: memref<${N}xf32> {llvm.noalias},
-                        %rows: index, %x_stride: index, %dy_stride: index, %dx_stride: index,
-                        %grid: index)
+  gpu.func @${ENTRY}(
+      ${ARGS})
       workgroup(%red: memref<${WPR}xf32, #gpu.address_space<workgroup>>)
       private(%xbuf: memref<${K}x${V}x${T}, #gpu.address_space<private>>,
               %dybuf: memref<${K}x${V}x${T}, #gpu.address_space<private>>,
-              %wbuf: memref<${K}x${V}xf32, #gpu.address_space<private>>,
               %dwbuf: memref<${K}x${V}xf32, #gpu.address_space<private>>)
       kernel attributes {known_block_size = array<i32: ${BLOCK}, 1, 1>${KERNEL_ATTRS}} {
+${ABSENT}
     %c0 = arith.constant 0 : index
     %c1 = arith.constant 1 : index
     %tpr = arith.constant ${TPR} : index
@@ -71,7 +65,6 @@ gpu.module @normir [${TARGET}] {
     %overlap = arith.constant ${OVERLAP}
     %overlap_k = arith.constant ${OVERLAP_K} : index
     %dw_regs = arith.constant ${DW_REGS}
-    %w_regs = arith.constant ${PREFETCH_W}
     %atomic_dw = arith.constant ${ATOMIC_DW}
     %l2_prefetch = arith.constant ${L2_PREFETCH}
     %stage_on = arith.constant ${STAGE}
@@ -104,7 +97,7 @@ gpu.module @normir [${TARGET}] {
         : memref<1xf32> to memref<?xf32>
     // This slot's partial dw row: dw_part[cid * ROWS + slot, :] (a cluster's blocks share it).
     %part_rows = arith.muli %clusters, %rows_per_block : index
-    %dw_part = memref.reinterpret_cast %dw_arg to offset: [0], sizes: [%part_rows, ${N}], strides: [${N}, 1]
+    %dw_part = memref.reinterpret_cast %dw_part_arg to offset: [0], sizes: [%part_rows, ${N}], strides: [${N}, 1]
         : memref<${N}xf32> to memref<?x${N}xf32, strided<[${N}, 1]>>
     %part_base = arith.muli %cid, %rows_per_block : index
     %x_base = memref.extract_aligned_pointer_as_index %x_arg : memref<${N}x${T}> -> index
@@ -122,20 +115,8 @@ gpu.module @normir [${TARGET}] {
     %stage_base = func.call @normir_stage_base() : () -> index
     func.call @normir_cluster_init(%tid) : (index) -> ()  // before any peer's first exchange
 
-    // w (fp32) and zeroed dw sums, once per block.
+    // Zeroed dw sums, once per block.
     affine.for %k = 0 to ${K} {
-      %ck = arith.muli %k, %tpr : index
-      %chunk = arith.addi %ck, %lane : index
-      %col_in = arith.muli %chunk, %vw : index
-      %col = arith.addi %col_base, %col_in : index
-      %always = arith.cmpi ult, %k, %k_full : index
-      %in_row = arith.cmpi ult, %chunk, %nchunk : index
-      %live = arith.ori %always, %in_row : i1
-      scf.if %w_regs {
-        %wf = func.call @normir_bwd_weight(%w_arg, %col, %live, %has_weight)
-            : (memref<${N}x${WT}>, index, i1, i1) -> vector<${V}xf32>
-        vector.store %wf, %wbuf[%k, %c0] : memref<${K}x${V}xf32, #gpu.address_space<private>>, vector<${V}xf32>
-      }
       scf.if %dw_regs {
         vector.store %zero_v, %dwbuf[%k, %c0] : memref<${K}x${V}xf32, #gpu.address_space<private>>, vector<${V}xf32>
       }
@@ -220,14 +201,8 @@ gpu.module @normir [${TARGET}] {
           %pfd_byte = arith.muli %pfd_elem, %eb : index
           func.call @normir_prefetch_l2(%dy_base, %pfd_byte) : (index, index) -> ()
         }
-        %wf = scf.if %w_regs -> (vector<${V}xf32>) {
-          %w = vector.load %wbuf[%k, %c0] : memref<${K}x${V}xf32, #gpu.address_space<private>>, vector<${V}xf32>
-          scf.yield %w : vector<${V}xf32>
-        } else {
-          %w = func.call @normir_bwd_weight(%w_arg, %col, %live_col, %has_weight)
-              : (memref<${N}x${WT}>, index, i1, i1) -> vector<${V}xf32>
-          scf.yield %w : vector<${V}xf32>
-        }
+        %wf = func.call @normir_bwd_weight(%w_arg, %col, %live_col, %has_weight)
+            : (memref<${N}x${WT}>, index, i1, i1) -> vector<${V}xf32>
         %xf = ${EXT_T} %xv : vector<${V}x${T}> to vector<${V}xf32>
         %dyf = ${EXT_T} %dyv : vector<${V}x${T}> to vector<${V}xf32>
         %wdy = arith.mulf %dyf, %wf : vector<${V}xf32>
@@ -307,14 +282,8 @@ gpu.module @normir [${TARGET}] {
           }
           scf.yield %a, %b : vector<${V}x${T}>, vector<${V}x${T}>
         }
-        %wf = scf.if %w_regs -> (vector<${V}xf32>) {
-          %w = vector.load %wbuf[%k, %c0] : memref<${K}x${V}xf32, #gpu.address_space<private>>, vector<${V}xf32>
-          scf.yield %w : vector<${V}xf32>
-        } else {
-          %w = func.call @normir_bwd_weight(%w_arg, %col, %live_col, %has_weight)
-              : (memref<${N}x${WT}>, index, i1, i1) -> vector<${V}xf32>
-          scf.yield %w : vector<${V}xf32>
-        }
+        %wf = func.call @normir_bwd_weight(%w_arg, %col, %live_col, %has_weight)
+            : (memref<${N}x${WT}>, index, i1, i1) -> vector<${V}xf32>
         %xf = func.call @normir_late_ext(%xv) : (vector<${V}x${T}>) -> vector<${V}xf32>
         %dyf = func.call @normir_late_ext(%dyv) : (vector<${V}x${T}>) -> vector<${V}xf32>
         %p = arith.mulf %dyf, %rstd_v : vector<${V}xf32>
@@ -366,16 +335,13 @@ gpu.module @normir [${TARGET}] {
         scf.if %live_col {
           %s = vector.load %dwbuf[%k, %c0] : memref<${K}x${V}xf32, #gpu.address_space<private>>, vector<${V}xf32>
           scf.if %atomic_dw {
-            func.call @normir_atomic_add_vec(%dw_arg, %col, %s) : (memref<${N}xf32>, index, vector<${V}xf32>) -> ()
+            func.call @normir_atomic_add_vec(%dw_part_arg, %col, %s) : (memref<${N}xf32>, index, vector<${V}xf32>) -> ()
           } else {
             vector.store %s, %dw_part[%part_row, %col] {alignment = ${PART_ALIGN}} : memref<?x${N}xf32, strided<[${N}, 1]>>, vector<${V}xf32>
           }
         }
       }
     }
-    // Peers may still read this block's exchange slots: leave together.
-    func.call @normir_cluster_leave_arrive() : () -> ()
-    func.call @normir_cluster_leave_wait() : () -> ()
     gpu.return
   }
 
@@ -477,7 +443,7 @@ gpu.module @normir [${TARGET}] {
   }
 
   // w[col : col + V] in fp32 from memory; ones where there is no weight or the chunk is past
-  // the row end. (With PREFETCH_W the kernel reads its register copy instead.)
+  // the row end.
   func.func private @normir_bwd_weight(%w_arg: memref<${N}x${WT}>, %col: index, %live: i1, %has_weight: i1)
       -> vector<${V}xf32> attributes {llvm.linkage = #llvm.linkage<internal>} {
     %one_v = arith.constant dense<1.0> : vector<${V}xf32>

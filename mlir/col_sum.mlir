@@ -7,9 +7,8 @@
 // Arguments: dw_part (fp32, parts x N), dw (WT, N), number of partial rows.
 module attributes {gpu.container_module} {
 gpu.module @normir [${TARGET}] {
-  gpu.func @rmsnorm_dw_reduce(%part_arg: memref<${N}xf32> {llvm.noalias, llvm.readonly},
-                              %dw_arg: memref<${N}x${WT}> {llvm.noalias, llvm.writeonly},
-                              %parts: index)
+  gpu.func @${ENTRY}(
+      ${ARGS})
       workgroup(%sums: memref<${RT}x${CT}x${V}xf32, #gpu.address_space<workgroup>>)
       kernel attributes {known_block_size = array<i32: ${BLOCK}, 1, 1>${KERNEL_ATTRS}} {
     %c0 = arith.constant 0 : index
@@ -49,7 +48,7 @@ gpu.module @normir [${TARGET}] {
         affine.yield %a : vector<${V}xf32>
       }
       %out = ${TRUNC_WT} %total : vector<${V}xf32> to vector<${V}x${WT}>
-      vector.store %out, %dw_arg[%col] {alignment = ${W_ALIGN}} : memref<${N}x${WT}>, vector<${V}x${WT}>
+      vector.store %out, %out_arg[%col] {alignment = ${W_ALIGN}} : memref<${N}x${WT}>, vector<${V}x${WT}>
     }
     gpu.return
   }

@@ -1,0 +1,496 @@
+"""The layout policy: (problem, target, the kernel's RowWork) -> Layout, how threads cover rows.
+
+Decisions come from data about the kernel (kernels.RowWork: what it reads, holds, writes and
+keeps per element; its grid kind), never from its name: a kernel of a persistent grid with
+per-column sums (a backward) takes bwd_layout, a kernel of a block per row group (a forward)
+row_layout and, where it pays, the streamed row. The measured constants are named below; each
+function's docstring says which H200 measurements set them (docs/tuning.md has the history).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, replace
+from typing import TYPE_CHECKING
+
+from . import targets
+from .kernels import KernelSpec, RowWork
+
+if TYPE_CHECKING:
+    from .options import Options
+
+DTYPES = {"bf16": 2, "f16": 2, "f32": 4}  # MLIR element type -> bytes
+MAX_VECTOR_BYTES = 16
+MAX_THREADS = 1024
+REDUCE_CT, REDUCE_RT = 8, 32  # the column sums: 8 column threads x 32 row threads
+BWD_OVERHEAD_REGS = 36  # six pointers, three strides and the persistent loop's state
+ROWS_BLOCK = 256  # block size when several rows share a block
+AMD_1024_ROW_ELEMENTS = 64  # row elements a thread of a 1024-thread AMDGPU block may hold
+# AMDGPU persistent kernels with the column sums in memory, with and without a weight, per chunk
+# width (elements): the chunks per thread [lo, hi) for which LLVM fully unrolls the chunk loops
+# into a spill, and the count that keeps them rolled (see _bwd_block_layout). Found by compiling
+# every N in every dtype (tests/test_gfx950_scratch.py).
+AMD_UNROLL_K = {True: {4: (16, 64, 64), 8: (12, 16, 32)}, False: {4: (32, 64, 64), 8: (16, 24, 32)}}
+MAX_STAGE_BYTES = 200 * 1024  # STAGE buffers past this leave too little shared memory
+# Persistent kernels stage by default only where two blocks' buffers fit a multiprocessor: at
+# N=16384 (128 KB, one block) the L2 prefetch with eviction hints beat staging at 512 threads by
+# 9% (*tune-v11*); rows of 2048 chunks are staged at 1024 threads instead (_staged).
+STAGE_POLICY_BYTES = 100 * 1024
+FWD_STREAM_CHUNKS = (128, 4096)  # rows a one-pass kernel reads twice with L2 hints (_streamed)
+MAX_MIN_BLOCKS = 32  # NVVM's .minnctapersm: at most the resident blocks of a multiprocessor
+# Options.hints bits (see mlir/common/cache_hint_nvvm.mlir): a row's last read asks L2 to evict
+# its lines first; stores do; a first read that pass 2 repeats asks L2 to keep them; loads ask L1
+# to keep their lines (.L1::evict_last); a row's last reads ask L1 to evict first (.L1::evict_first).
+HINT_LAST_READ, HINT_STORES, HINT_KEEP, HINT_L1_KEEP, HINT_L1_FIRST = 1, 2, 4, 16, 32
+HINT_BITS = HINT_LAST_READ | HINT_STORES | HINT_KEEP | HINT_L1_KEEP | HINT_L1_FIRST
+HINT_LOADS = HINT_LAST_READ | HINT_KEEP | HINT_L1_KEEP | HINT_L1_FIRST
+FWD_BATCH_MAX_TPR = 512  # streamed rows batch pass 2's loads up to this many threads
+MAX_CLUSTER = 8  # blocks of a thread-block cluster that share one row (the portable limit)
+FWD_WIDE_CLUSTER = 4  # one-pass rows that fill a 1024-thread block: blocks per row (see row_layout)
+# Persistent kernels split rows whose column sums need more than this many registers per thread:
+# with 64 (N=32768 bf16 in one 512-thread block) ptxas caps the block at 128 registers and spills.
+BWD_SPLIT_DW = 32
+
+
+@dataclass(frozen=True)
+class Layout:
+    """How threads cover rows; see each kernel's header comment."""
+
+    vec: int  # elements per vector access
+    tpr: int  # threads per row
+    rows: int  # rows per block
+    k: int  # chunks per thread
+    kfull: int  # chunks every thread has (the rest are masked)
+    nchunk: int  # chunks per row
+    cache_row: bool  # row kept in registers between passes
+    warp: int
+    prefetch_w: bool = False  # weight chunks loaded in pass 1 (registers permitting)
+    batch_reload: bool = False  # row read twice: pass 2 loads all its x and w chunks, then computes
+    dw_regs: bool = False  # persistent: the column sums kept in registers across the row loop
+    cluster: int = 1  # blocks (one thread-block cluster) sharing each row; each takes N / cluster
+    l2_prefetch: bool = False  # pass 1 also asks L2 for the block's next row (prefetch.global.L2)
+    stage: bool = False  # rows staged through shared memory by asynchronous copies (cp.async)
+    stage_buffers: int = 0  # STAGE buffers of K x BLOCK 16-byte chunks (2 per tensor read)
+    min_blocks: int = 0  # blocks that must fit one multiprocessor (caps registers per thread); 0: no cap
+    hints: int = 0  # cache hints, a sum of the HINT_* bits (loads of the rows read, stores of those written)
+    overlap: int = 0  # persistent over a cluster: pass 2's first chunks loaded between posting the total and the wait
+
+    @property
+    def smem_bytes(self) -> int:
+        """Dynamic shared memory per block: the STAGE buffers."""
+        return self.stage_buffers * self.k * self.block * MAX_VECTOR_BYTES if self.stage else 0
+
+    @property
+    def nsub(self) -> int:
+        """Columns of a row that one block covers."""
+        return self.nchunk * self.vec
+
+    @property
+    def block(self) -> int:
+        return self.tpr * self.rows
+
+    @property
+    def wpr(self) -> int:
+        return max(1, self.tpr // self.warp)
+
+    @property
+    def unroll_limit(self) -> int:
+        """Unroll the chunk loops fully only when a private array must become registers."""
+        return targets.UNROLL_LIMIT if (self.cache_row or self.dw_regs or self.prefetch_w or self.overlap > 0
+                                        or self.batch_reload) else 0
+
+
+def held(dtype: str) -> int:
+    """Register bytes per element of a row held across the reduction: bf16 stays packed (the
+    late_ext piece keeps LLVM from holding fp32 copies), f16 and f32 are held as fp32."""
+    return 2 if dtype == "bf16" else 4
+
+
+def _types(opts: Options) -> dict[str, str]:
+    return {"T": opts.dtype, "WT": opts.wdtype, "f32": "f32"}
+
+
+def held_bytes(work: RowWork, opts: Options) -> int:
+    """Register bytes per element to hold every row tensor pass 1 reads."""
+    return sum(held(_types(opts)[t]) for t in work.reads)
+
+
+def weight_bytes(work: RowWork, opts: Options) -> int:
+    """Bytes per element of the per-column tensors, when the op has them."""
+    return sum(DTYPES[_types(opts)[t]] for t in work.weights) if opts.has_weight else 0
+
+
+def decide(opts: Options, tgt: targets.Target, spec: KernelSpec) -> Layout:
+    """The layout of a kernel for a problem: the policy's, with the forced knobs of opts applied
+    and checked (an impossible one raises ValueError naming it and the fix)."""
+    if spec.work is None:
+        for knob, default in (("tpr", 0), ("cluster", 0), ("stage", -1), ("cache_row", -1), ("l2_prefetch", -1),
+                              ("hints", -1), ("overlap", -1), ("batch_reload", -1)):
+            value = getattr(opts, knob)
+            if value != default and not (knob == "stage" and value == 0):
+                raise ValueError(f"{knob}={value}: {spec.name} has a fixed layout; leave {knob} at {default}")
+        return reduce_layout(opts.n, opts.vec, tgt.warp)
+    work = spec.work
+    persistent = spec.grid == "persistent"
+    lay = bwd_layout(opts, tgt, work) if persistent else fwd_layout(opts, tgt, work)
+    lay = _cache_row(opts, lay, tgt, work, persistent)
+    lay = _staged(opts, lay, tgt, work, persistent)
+    if persistent:
+        # Measured on the H200 (*tune-v5*): +2-19% for the backward's one-row blocks. One-pass
+        # kernels lost 3-24% with it (*tune-v9*) and have none.
+        policy = lay.rows == 1 and not lay.stage and tgt.prefetch_piece is not None
+        lay = replace(lay, l2_prefetch=policy if opts.l2_prefetch == -1 else bool(opts.l2_prefetch))
+    elif opts.l2_prefetch == 1:
+        raise ValueError(f"l2_prefetch=1: {spec.name} (a block per row group) has no L2 prefetch of a next row; "
+                         "use -1 or 0")
+    eb = DTYPES[opts.dtype]
+    hintable = tgt.hint_piece is not None and lay.vec * eb == MAX_VECTOR_BYTES
+    if opts.hints > 0 and not hintable:
+        raise ValueError(f"hints={opts.hints}: {spec.name} on {opts.target} has no L2 eviction hints for "
+                         f"{lay.vec * eb}-byte chunks (they need 16 and an NVVM target); use -1 or 0")
+    hints = _hint_policy(lay, persistent, opts.has_weight) if opts.hints == -1 and hintable else max(0, opts.hints)
+    lay = replace(lay, min_blocks=opts.min_blocks or lay.min_blocks, hints=hints)
+    if opts.batch_reload == 1 and (persistent or lay.cache_row):
+        why = f"N={opts.n} holds them in registers (cache_row=0 reads them again)" if lay.cache_row else \
+            f"{spec.name} has no such pass"
+        raise ValueError(f"batch_reload=1 needs a kernel of a block per row reading its rows twice; {why}; "
+                         "use -1 or 0")
+    if opts.batch_reload != -1:
+        lay = replace(lay, batch_reload=bool(opts.batch_reload))
+    if lay.prefetch_w and lay.min_blocks > 1 and lay.k * lay.vec * (held_bytes(work, opts) + weight_bytes(work, opts)) \
+            > tgt.reg_budget_bytes(lay.block * lay.min_blocks):
+        lay = replace(lay, prefetch_w=False)  # the weight's registers must fit the cap too
+    return _overlap(opts, lay, persistent)
+
+
+def _overlap(opts: Options, lay: Layout, persistent: bool) -> Layout:
+    """OVERLAP, forced or the policy's: 2 of 4 chunks in blocks of up to 512 threads. On the H200
+    (*tune-v19*, *-v20*) that gained 7.4% at N=32768 and 6.7% at 65536 (bf16); 1 of 4 gained
+    4.6-4.8%; 3 and 4 of 4 spilled (128 registers) and gained less or lost. 1024-thread blocks (64
+    registers) spill with it (N=65536 in f32). Without a weight (no dw sums) all 4 fit: +10% at
+    32768 and +21% at 65536 (*tune-v27*)."""
+    if isinstance(opts.overlap, bool) or not isinstance(opts.overlap, int) or not -1 <= opts.overlap <= lay.k:
+        raise ValueError(f"overlap={opts.overlap!r}: choose -1 (the policy's), 0 (none) or a chunk count up to "
+                         f"K={lay.k}")
+    overlappable = persistent and lay.cluster > 1 and lay.dw_regs and not lay.cache_row and not lay.stage
+    if opts.overlap > 0 and not overlappable:
+        raise ValueError(f"overlap={opts.overlap} needs a persistent kernel (a backward) with rows split over a "
+                         f"cluster (here {lay.cluster} block(s)), sums in registers, no staging; use -1 or 0")
+    policy = (2 if opts.has_weight else lay.k) if overlappable and lay.k == 4 and lay.block <= MAX_THREADS // 2 else 0
+    return replace(lay, overlap=policy if opts.overlap == -1 else opts.overlap)
+
+
+def _pow2_ceil(x: int) -> int:
+    return 1 << max(0, (x - 1).bit_length())
+
+
+def _forced(nchunk: int, tpr: int, warp: int) -> tuple[int, int]:
+    """(tpr, rows) for an explicitly chosen threads-per-row. Every thread must own a chunk: with
+    threads that own none, LLVM may duplicate the row reduction (shuffles and barriers) into a
+    branch of its own for them, which hung the H200 (rmsnorm_bwd, N=2880, 384 threads, staged,
+    no weight). The policy's layouts never leave a thread without a chunk."""
+    if tpr > nchunk:
+        raise ValueError(f"tpr={tpr} leaves threads without a chunk: the row (or a cluster block's share) has "
+                         f"{nchunk} chunks; choose tpr <= {nchunk}, or a narrower vector (vec) for more chunks")
+    return tpr, (max(1, ROWS_BLOCK // tpr) if tpr <= warp else 1)
+
+
+def _split(n: int, vec: int, tgt: targets.Target, cluster: int, tpr: int, wants_split) -> int:
+    """Blocks per row: the forced `cluster`, else the smallest power of two (up to MAX_CLUSTER,
+    keeping whole vectors per block) for which wants_split(cluster) is false. A row shared by a
+    cluster is one row per block of whole warps, so a forced tpr below the warp never splits."""
+    if cluster:
+        return cluster
+    c = 1
+    if 0 < tpr <= tgt.warp:
+        return c
+    while tgt.clusters and c < MAX_CLUSTER and n % (2 * c * vec) == 0 and wants_split(c):
+        c *= 2
+    return c
+
+
+def _clustered(lay: Layout, c: int) -> Layout:
+    if c == 1:
+        return lay
+    if lay.tpr < lay.warp:
+        raise ValueError(f"cluster={c} leaves each block {lay.nsub} columns, which {lay.tpr} threads "
+                         f"(less than a warp of {lay.warp}) cover: use a smaller cluster or a larger tpr")
+    return replace(lay, rows=1, cluster=c)  # the cluster piece exchanges one total per block
+
+
+# ---------------------------------------------------------------------------- persistent kernels
+
+
+def bwd_layout(opts: Options, tgt: targets.Target, work: RowWork) -> Layout:
+    """A persistent kernel's layout (the backward): rows whose fp32 column sums do not fit one
+    block's registers, or need more than BWD_SPLIT_DW of them per thread, are split over a
+    thread-block cluster (where the target has clusters) until each block's share does; see
+    _bwd_block_layout for a share."""
+    n, vec, tpr = opts.n, opts.vec, opts.tpr
+
+    def share(c: int) -> Layout:
+        return _bwd_block_layout(n // c, vec, tgt, work, opts, tpr)
+
+    def too_big(c: int) -> bool:
+        lay = share(c)
+        return not lay.dw_regs or lay.k * lay.vec * work.col_sums > BWD_SPLIT_DW
+
+    c = _split(n, vec, tgt, opts.cluster, tpr, too_big)
+    return _clustered(share(c), c)
+
+
+def _bwd_block_layout(n: int, vec: int, tgt: targets.Target, work: RowWork, opts: Options, tpr: int = 0) -> Layout:
+    """A persistent kernel's row layout, from H200 measurements (docs/results/*tune*):
+
+    - short rows (<= 256 chunks): 2 chunks per thread, the rows read held in registers;
+    - longer rows: 2 chunks per thread up to 512 chunks (N=4096 in bf16), 4 beyond, and only the
+      fp32 column sums stay in registers across the persistent loop; the second pass reads the
+      rows again (they are still in L1/L2). Fewer live registers buy more resident threads, which
+      beat the saved re-read by 5-15%;
+    - past 1024 threads the row goes to 512 threads with more chunks while the sums fit, else to
+      1024 threads with the sums in memory (read-modify-write per row).
+    """
+    warp = tgt.warp
+    weight = opts.has_weight
+    forced = tpr > 0
+    nchunk = n // vec
+    one_held = held(opts.dtype)  # bytes per element of one row tensor held
+    # fp32 column sums (+ the hoisted fp32 weight, see targets.Target.hoists_weight)
+    dw_bytes = 4 * (work.col_sums + (1 if tgt.hoists_weight else 0))
+    short = nchunk <= 256
+    k_target = 2 if nchunk <= 512 else 4
+    if tpr:
+        tpr, rows = _forced(nchunk, tpr, warp)
+    elif nchunk <= warp * k_target:
+        tpr = min(warp, _pow2_ceil(math.ceil(nchunk / k_target)))
+        rows = max(1, ROWS_BLOCK // tpr)
+    else:
+        # Where LLVM holds w beside the sums (AMDGPU), 1024-thread rows spill: stop at 512.
+        top = MAX_THREADS // 2 if tgt.hoists_weight else MAX_THREADS
+        tpr = min(top, -(-math.ceil(nchunk / k_target) // warp) * warp)
+        rows = 1
+
+        def dw_fits(t: int) -> bool:
+            return -(-nchunk // t) * vec * dw_bytes <= tgt.reg_budget_bytes(t, BWD_OVERHEAD_REGS)
+
+        half = MAX_THREADS // 2
+        if not dw_fits(tpr) and tpr > half and dw_fits(half):
+            tpr = half
+    k = -(-nchunk // tpr)
+    budget = tgt.reg_budget_bytes(tpr * rows, overhead_regs=BWD_OVERHEAD_REGS)
+    dw_regs = k * vec * dw_bytes <= budget
+    lo, hi, rolled_k = AMD_UNROLL_K[weight].get(vec, (0, 0, 0)) if vec == 8 or one_held == 4 else (0, 0, 0)
+    if tgt.hoists_weight and not forced and not dw_regs and rows == 1 and lo <= k < hi:
+        # LLVM (AMDGPU) fully unrolls the chunk loops of such rows, then hoists every w load out
+        # of the persistent row loop and schedules pass 2's loads early (with a weight: 192-680
+        # bytes of scratch, f32 at N=32768-65536, 16-bit at 49152), or, with no dw work between
+        # the passes, merges pass 2's loads into pass 1's (x and dy are readonly: 68-88 bytes,
+        # 16-bit at 65536). With enough chunks per thread the loops stay rolled; nothing spills.
+        tpr = max(warp, -(-math.ceil(nchunk / rolled_k) // warp) * warp)
+        k = -(-nchunk // tpr)
+    cache_row = short and k * vec * (4 * work.col_sums + held_bytes(work, opts)) <= budget
+    return Layout(vec=vec, tpr=tpr, rows=rows, k=k, kfull=nchunk // tpr, nchunk=nchunk,
+                  cache_row=cache_row, warp=warp, dw_regs=dw_regs)
+
+
+def _cache_row(opts: Options, lay: Layout, tgt: targets.Target, work: RowWork, persistent: bool) -> Layout:
+    """CACHE_ROW: forced, or the policy's. One-pass kernels: the policy is in fwd_layout; forced,
+    0 reads the row again in pass 2 and 1 needs a row that fits the registers. Persistent kernels:
+    without a weight there are no column sums, and the registers they would take hold the row
+    instead where it fits the budget (unless a forced option needs the row read again)."""
+    if not persistent:
+        if opts.cache_row == 0:
+            return replace(lay, cache_row=False, prefetch_w=False)
+        if opts.cache_row == 1 and not lay.cache_row:
+            raise ValueError(f"cache_row=1: a row of N={opts.n} ({lay.k} chunks per thread) does not fit the "
+                             f"registers of {opts.target}; use -1 or 0")
+        return lay
+    if opts.cache_row != -1:
+        return replace(lay, cache_row=bool(opts.cache_row))
+    if opts.has_weight or opts.stage == 1 or opts.overlap > 0:  # forced staging and overlap re-read the row
+        return lay
+    budget = tgt.reg_budget_bytes(lay.block, overhead_regs=BWD_OVERHEAD_REGS)
+    fits = lay.cluster == 1 and lay.k <= 2 and lay.k * lay.vec * held_bytes(work, opts) <= budget
+    return replace(lay, cache_row=lay.cache_row or fits)
+
+
+def _staged(opts: Options, lay: Layout, tgt: targets.Target, work: RowWork, persistent: bool) -> Layout:
+    """STAGE, forced or the policy's: persistent kernels only (the rows they read go through two
+    buffers each, both passes read them, while the next row's copies land). Rows re-read in
+    pass 2, four or more chunks per thread, not split over a cluster. On the H200 (*tune-v6*) this
+    gained 4-12% at N=7168/8192 and lost 2-6% to the L2 prefetch at 2880/4096 (2 chunks per
+    thread) and 8-30% with clusters (*tune-v32*, -v40); where one block's buffers take more than
+    STAGE_POLICY_BYTES, the L2 prefetch with eviction hints wins, except for rows of exactly
+    2048 chunks, staged at 1024 threads (below). Needs asynchronous copies, 16-byte chunks, one
+    row per block and buffers that fit. (A forward staged in a persistent grid lost 4-11% to a
+    block per row, *tune-v7*, and was removed.)
+    """
+    _check(opts.stage, "stage", "choose 1 (on), 0 (off) or -1 (the policy's)")
+    if not persistent:
+        if opts.stage == 1:
+            raise ValueError(f"stage=1: {opts.kernel} (a block per row group) has no staged layout; use -1 or 0")
+        return lay
+    eb = DTYPES[opts.dtype]
+    buffers = 2 * len(work.reads)
+    fits = lay.vec * eb == MAX_VECTOR_BYTES and buffers * lay.k * lay.block * MAX_VECTOR_BYTES <= MAX_STAGE_BYTES
+    if opts.stage == 1 and not (tgt.stage_piece and fits and not lay.cache_row and lay.rows == 1):
+        raise ValueError(f"stage=1 needs a target with asynchronous copies ({tgt.chip}: "
+                         f"{'yes' if tgt.stage_piece else 'no'}), 16-byte chunks (here {lay.vec * eb}), "
+                         f"buffers within {MAX_STAGE_BYTES} bytes, one row per block, and the row re-read")
+    stageable = bool(tgt.stage_piece) and fits and not lay.cache_row and lay.rows == 1 and lay.cluster == 1 \
+        and lay.k >= 4
+    if opts.stage == -1 and stageable and lay.k == 4 and lay.block == MAX_THREADS // 2 \
+            and lay.nchunk == 4 * lay.block:
+        # Rows of exactly 2048 chunks (N=16384 in 16-bit types, 8192 in f32): staged as 1024
+        # threads x 2 chunks (the same 128 KB of buffers, one block per multiprocessor, twice
+        # the warps). On the H200 at six tensor placements each (*tune-v32*, -v33): bf16 16384
+        # 3914-3947 GB/s, against 3464-3954 for 512 x 4 with the L2 prefetch (slow where L2 drops
+        # the prefetched lines) and 3719-3729 for 512 x 4 staged; f32 8192 3918-4018 against
+        # 3839-3895. Other widths did not gain (14336 as 896 x 2, 5120 as 320 x 2).
+        return replace(lay, tpr=2 * lay.tpr, k=lay.k // 2, kfull=lay.k // 2, stage=True, stage_buffers=buffers)
+    policy = stageable and (buffers * lay.k * lay.block * MAX_VECTOR_BYTES <= STAGE_POLICY_BYTES or not opts.has_weight)
+    return replace(lay, stage=policy if opts.stage == -1 else bool(opts.stage), stage_buffers=buffers)
+
+
+def _hint_policy(lay: Layout, persistent: bool, has_weight: bool) -> int:
+    """The cache hints a layout gets by default, from H200 measurements (*tune-v10*, -v11, -v14,
+    -v16, each variant timed twice in opposite orders):
+
+    - persistent rows that pass 2 reads again (from L2), neither staged nor split over a cluster:
+      last reads and stores evict first (+3-4% at N=2880/4096, +9% at 16384); on rows held in
+      registers (1024, 2048) that lost 4%, and keeping pass 1's lines (evict_last) added nothing.
+      Their loads also ask L1 to keep their lines (*tune-v49*: +0.1-1.2%; without a weight +7-8%);
+    - persistent rows split over a cluster (32768, 65536): stores only (+0.2-2.2%, *tune-v14*);
+      the load hints lost 1-6% there;
+    - without a weight, rows held in registers and neither staged nor split (N=1024-4096 in
+      16-bit types): the same three hints, +6-9% over none (*tune-v66*);
+    - one-pass kernels: what fwd_layout put in the layout (its streamed rows). On rows held in
+      registers, load hints lost 1-9% and store hints about 1%.
+    """
+    if persistent:
+        if lay.stage or (lay.cache_row and (has_weight or lay.cluster > 1)):
+            return 0
+        return HINT_STORES if lay.cluster > 1 else HINT_LAST_READ | HINT_STORES | HINT_L1_KEEP
+    return lay.hints
+
+
+def reduce_layout(n: int, vec: int, warp: int) -> Layout:
+    """The column sums: 8 column threads (16-byte fp32 vectors) x 32 row threads."""
+    return Layout(vec=vec, tpr=REDUCE_CT, rows=REDUCE_RT, k=1, kfull=1, nchunk=n // vec,
+                  cache_row=False, warp=warp)
+
+
+# ---------------------------------------------------------------------------- one-pass kernels
+
+
+def fwd_layout(opts: Options, tgt: targets.Target, work: RowWork) -> Layout:
+    """A block-per-row-group kernel's layout (the forward): row_layout's, or on targets with L2
+    eviction hints the streamed row (_streamed) where nothing forced says otherwise."""
+    # 8-byte chunks where the policy prefers them, unless a forced option needs 16-byte ones.
+    narrow = opts.hints <= 0
+    hb = held_bytes(work, opts)
+    lay = row_layout(opts.n, opts.vec, hb, tgt, opts.tpr, weight_bytes(work, opts) or DTYPES[opts.wdtype],
+                     opts.cluster, narrow=narrow)
+    policy = opts.tpr == 0 and opts.cluster == 0 and opts.hints == -1 and opts.cache_row == -1
+    if policy and tgt.hint_piece is not None and lay.cluster == 1 and lay.vec * DTYPES[opts.dtype] == MAX_VECTOR_BYTES \
+            and FWD_STREAM_CHUNKS[0] <= lay.nchunk <= FWD_STREAM_CHUNKS[1]:
+        return _streamed(lay)
+    return lay
+
+
+def _streamed(lay: Layout) -> Layout:
+    """A row of 128-4096 16-byte chunks, read twice: pass 1 asks L2 to keep its lines
+    (evict_last), pass 2 reads them again (its last use: evict_first) and writes, with 2 chunks
+    per thread up to 512 threads, then 4 up to 1024. Fewer live registers and short blocks beat
+    holding the row (the way Inductor's kernels read it). On the H200 (bf16, *tune-v36*, -v37),
+    GB/s against the row held in registers: 1024 4121-4141 vs 4052-4092, 2880 4134-4156 vs
+    4014-4043, 4096 4124-4148 vs 3962-3989, 8192 4134-4160 vs 3969-3994, 16384 4017-4037 vs
+    3948-3970, 32768 4022-4044 vs 3945-3962; N=65536 lost (3346-3372 vs 3911-3942). Both passes'
+    loads ask L1 to keep their lines (*tune-v49*: +0.7-1.3% at 7168-32768). Rows of 4 chunks per
+    thread have pass 2's reads ask L1 to evict them first instead (HINT_L1_FIRST, *tune-v57*,
+    -v58: +0.1-0.6%), and over at most FWD_BATCH_MAX_TPR threads (N=16384) load all of pass 2's
+    chunks before computing (batch_reload, *tune-v63*, -v64: +1.1%; at 1024 threads -9%)."""
+    k = 2 if lay.nchunk <= 2 * (MAX_THREADS // 2) else 4
+    tpr = -(-math.ceil(lay.nchunk / k) // lay.warp) * lay.warp
+    hints = HINT_LAST_READ | HINT_KEEP | HINT_L1_KEEP | (HINT_L1_FIRST if k == 4 else 0)
+    return replace(lay, tpr=tpr, rows=1, k=-(-lay.nchunk // tpr), kfull=lay.nchunk // tpr, cache_row=False,
+                   prefetch_w=False, hints=hints, batch_reload=k == 4 and tpr <= FWD_BATCH_MAX_TPR)
+
+
+def row_layout(n: int, vec: int, held_bytes: int, tgt: targets.Target, tpr: int = 0, w_bytes: int = 2,
+               cluster: int = 0, narrow: bool = False) -> Layout:
+    """Rows that do not fit one block's registers are split over a thread-block cluster where the
+    target has clusters, until a block's share does. Rows that fit stay in one block, except the
+    rows `narrow` below moves to a capped cluster (N=65536 in bf16 on the H200: 3931-3958 GB/s in
+    one block of 1024 threads, 3654-3672 over 8 blocks, 3362-3381 over 2, *tune-v40*, -v41). See
+    _row_block_layout for a block's share.
+
+    narrow (the caller's policy may allow it): a row that fills a 1024-thread block with 8
+    chunks of 16 bytes per thread on NVIDIA (N=65536 in 16-bit types) takes chunks of 8 bytes
+    instead: in one block 16 per thread (+1.1-1.3%, *tune-v14*, -v15, -v16); where the target has
+    clusters (and none is forced), over a cluster of FWD_WIDE_CLUSTER blocks of 256 threads, 16
+    chunks each too, with the registers capped so that 4 blocks share a multiprocessor (min_blocks;
+    the weight then is not held): the next rows' loads overlap a row's reduction and stores, which
+    one 1024-thread block per multiprocessor cannot do (*tune-v50*: 4001-4005 GB/s against
+    3931-3970 in one block)."""
+    c = _split(n, vec, tgt, cluster, tpr,
+               lambda c: not _row_block_layout(n // c, vec, held_bytes, tgt, tpr, w_bytes).cache_row)
+    lay = _clustered(_row_block_layout(n // c, vec, held_bytes, tgt, tpr, w_bytes), c)
+    # Measured for bf16 rows in 16-byte chunks only: held_bytes == 2 is one bf16 row (held packed).
+    if narrow and tgt.is_nvidia and not tpr and lay.cluster == 1 and lay.block == MAX_THREADS \
+            and lay.k == lay.kfull == 8 and lay.cache_row and held_bytes == 2 and vec * 2 == MAX_VECTOR_BYTES:
+        if tgt.clusters and not cluster:
+            c = FWD_WIDE_CLUSTER
+            share = _row_block_layout(n // c, vec // 2, held_bytes, tgt, MAX_THREADS // c, w_bytes)
+            return replace(_clustered(share, c), min_blocks=c)
+        lay = _row_block_layout(n, vec // 2, held_bytes, tgt, MAX_THREADS, w_bytes)
+    return lay
+
+
+def _row_block_layout(n: int, vec: int, held_bytes: int, tgt: targets.Target, tpr: int = 0, w_bytes: int = 2) -> Layout:
+    """Threads per row and chunks per thread for a row (or a block's share) of n elements.
+
+    Rows of at most 4 chunks per lane of one warp share a block (several rows per block, no
+    barrier in the reduction); longer rows get one block of up to 1024 threads with 4 (8 past
+    1024 chunks) 16-byte chunks per thread: on the H200, 256 threads x 8 chunks beat 512 x 4 at
+    N=16384, and 512 x 8 beat 1024 x 4 at N=32768. On NVIDIA a row of exactly 4 chunks per lane
+    of a warp (N=1024 in 16-bit types) gets its own block of two warps with 2 chunks each
+    (+1.5-1.9%, *tune-v2*, -v3, -v15). The row stays in registers when it fits the target's
+    register budget for the block; else the second pass reads it again (mostly from L2).
+    """
+    warp = tgt.warp
+    nchunk = n // vec
+    if tpr:
+        tpr, rows = _forced(nchunk, tpr, warp)
+    elif nchunk < warp * 4 or (nchunk == warp * 4 and not tgt.is_nvidia):
+        tpr = min(warp, _pow2_ceil(math.ceil(nchunk / 4)))
+        rows = max(1, ROWS_BLOCK // tpr)
+    else:
+        k_target = 2 if nchunk == warp * 4 else 4 if nchunk <= 1024 else 8
+        tpr = min(MAX_THREADS, -(-math.ceil(nchunk / k_target) // warp) * warp)
+        rows = 1
+    k = -(-nchunk // tpr)
+    budget = tgt.reg_budget_bytes(tpr * rows)
+    cache_row = k * vec * held_bytes <= budget
+    prefetch_w = cache_row and k * vec * (held_bytes + w_bytes) <= budget
+    if tgt.hoists_weight and tpr * rows >= MAX_THREADS:
+        # AMDGPU at 1024 threads (128 VGPRs): LLVM holds w as fp32 and bf16 rows unpacked there,
+        # so w does not fit beside the row, nor more than 64 elements of it (the ISA showed 36
+        # and 300 bytes of scratch at N=65536 and 131072 in bf16).
+        prefetch_w = False
+        cache_row = cache_row and k * vec <= AMD_1024_ROW_ELEMENTS
+    return Layout(vec=vec, tpr=tpr, rows=rows, k=k, kfull=nchunk // tpr, nchunk=nchunk,
+                  cache_row=cache_row, warp=warp, prefetch_w=prefetch_w)
+
+
+def max_vec(n: int, elem_bytes: int) -> int:
+    """The widest power-of-two vector (<= 16 bytes) that divides the row."""
+    v = MAX_VECTOR_BYTES // elem_bytes
+    while n % v:
+        v //= 2
+    return v
+
+
+def _check(value: object, name: str, what: str, lo: int = -1, hi: int = 1) -> None:
+    if isinstance(value, bool) or not isinstance(value, int) or not lo <= value <= hi:
+        raise ValueError(f"{name}={value!r}: {what}")

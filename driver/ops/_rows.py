@@ -1,0 +1,190 @@
+"""What every row op shares: argument checks, row views, the device guard, output allocation,
+kernel plans and launches (a block per row group, or a persistent grid with column sums), the
+fast path of repeated eager calls, and the switch between eager launches and custom ops.
+
+An op module (rmsnorm.py) holds only its API, its math's references and its modules; it calls
+these. Checks raise TypeError/ValueError naming the argument and the fix, and run on real and on
+fake tensors alike (the custom ops' fake implementations call them too).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from functools import cache
+
+import torch
+
+from .. import launch as L
+from ..layout import MAX_VECTOR_BYTES, Layout
+from ..options import FLT_MIN, MAX_N
+from ..runtime import LaunchHandle
+
+# ---------------------------------------------------------------------------- checks
+
+
+def check_eps(eps: float) -> float:
+    if isinstance(eps, bool) or not isinstance(eps, (int, float)):
+        raise TypeError(f"eps must be a float, got {type(eps).__name__}")
+    eps = float(eps)
+    if not (math.isfinite(eps) and eps >= FLT_MIN):
+        raise ValueError(f"eps={eps!r} must be a finite float >= {FLT_MIN:g} (a normal float32), e.g. 1e-6")
+    return eps
+
+
+def check_input(x: torch.Tensor, name: str) -> str:
+    """A row tensor: on a GPU, a supported dtype, 1 <= N <= MAX_N. Returns its dtype's name."""
+    if not isinstance(x, torch.Tensor):
+        raise TypeError(f"{name} must be a torch.Tensor, got {type(x).__name__}")
+    if not x.is_cuda:
+        raise ValueError(f"{name} is on {x.device}; normir runs on GPUs: move it with {name}.cuda()")
+    dt = L.dtype_name(x.dtype, name)
+    if x.dim() < 1:
+        raise ValueError(f"{name} must have at least one dimension (the normalized one), got a scalar")
+    n = x.shape[-1]
+    if not 1 <= n <= MAX_N:
+        raise ValueError(f"{name}.shape[-1] = {n} is out of range: normir supports 1 <= N <= {MAX_N}")
+    return dt
+
+
+def check_like(t: torch.Tensor, x: torch.Tensor, name: str) -> None:
+    """A row tensor that must match x in shape, dtype and device (dy)."""
+    check_input(t, name)
+    if t.shape != x.shape or t.dtype != x.dtype or t.device != x.device:
+        raise ValueError(f"{name} must match x in shape, dtype and device: {name} is {tuple(t.shape)} {t.dtype} "
+                         f"on {t.device}, x is {tuple(x.shape)} {x.dtype} on {x.device}")
+
+
+def check_weight(weight: torch.Tensor | None, x: torch.Tensor, n: int, name: str = "weight") -> torch.Tensor | None:
+    """A per-column tensor: None, or (N,) in x's dtype or float32 on x's device. A strided one is
+    copied (N elements)."""
+    if weight is None:
+        return None
+    if not isinstance(weight, torch.Tensor):
+        raise TypeError(f"{name} must be a torch.Tensor or None, got {type(weight).__name__}")
+    if weight.get_device() != x.get_device():
+        raise ValueError(f"{name} is on {weight.device} but x is on {x.device}; put both on one device")
+    if weight.dtype not in (x.dtype, torch.float32):
+        raise TypeError(f"{name} has dtype {weight.dtype}; it must match x ({x.dtype}) or be torch.float32")
+    if weight.dim() != 1 or weight.shape[0] != n:
+        raise ValueError(f"{name} has shape {tuple(weight.shape)}; it must be ({n},), the size of x's last dim")
+    return weight if weight.is_contiguous() else weight.contiguous()
+
+
+def check_stat(stat: torch.Tensor, x: torch.Tensor, name: str, made_by: str) -> None:
+    """A per-row fp32 statistic the forward stored (rstd): x.shape[:-1] elements on x's device."""
+    if not isinstance(stat, torch.Tensor) or stat.dtype != torch.float32 or stat.device != x.device \
+            or stat.numel() != x.numel() // max(x.shape[-1], 1):
+        raise ValueError(f"{name} must be the float32 tensor of shape x.shape[:-1] on x's device that "
+                         f"{made_by} returned")
+
+
+# ---------------------------------------------------------------------------- rows
+
+
+def rows_of(t: torch.Tensor) -> tuple[torch.Tensor, int]:
+    """(M, N) view of t and its row stride in elements. Rows may be strided (any row pitch);
+    a last dimension that is not contiguous, or leading dims that cannot be flattened into
+    one strided dimension, are copied first. A contiguous t is returned as it is (the kernels
+    only use its pointer, the row count and the stride)."""
+    n = t.shape[-1]
+    if t.is_contiguous():
+        return t, n
+    if t.stride(-1) != 1 and n > 1:
+        t = t.contiguous()
+    try:
+        t2 = t.view(-1, n)
+    except RuntimeError:
+        t2 = t.reshape(-1, n).contiguous()
+    stride = t2.stride(0) if t2.shape[0] > 1 else n
+    return t2, stride
+
+
+def vector_width(n: int, tensors: tuple[torch.Tensor | None, ...], strides: tuple[int, ...]) -> int:
+    """The widest vector (elements of the first tensor) that N, the row strides and every tensor's
+    alignment allow: 16 bytes where all of them are 16-byte aligned."""
+    eb = tensors[0].element_size()
+    widest = MAX_VECTOR_BYTES // eb
+    ptrs = [(t.data_ptr(), t.element_size()) for t in tensors if t is not None]
+    if n % widest == 0 and all(s % widest == 0 for s in strides) and all(p % MAX_VECTOR_BYTES == 0 for p, _ in ptrs):
+        return widest  # the common case, without the general search
+    return L.vector_width(n, eb, tuple(ptrs), strides)
+
+
+current_device = getattr(torch._C, "_cuda_getDevice", None) or torch.cuda.current_device
+raw_stream = L.stream if L._raw_stream is None else L._raw_stream  # skips a Python call where torch has it
+
+
+@cache
+def sm_count(device: int) -> int:
+    return torch.cuda.get_device_properties(device).multi_processor_count
+
+
+class on_device:
+    """Launch under the tensor's device so that its context and stream are the ones used."""
+
+    __slots__ = ("dev", "prev")
+
+    def __init__(self, dev: int):
+        self.dev = dev
+
+    def __enter__(self):
+        self.prev = current_device()
+        if self.prev != self.dev:
+            torch.cuda.set_device(self.dev)
+
+    def __exit__(self, *exc):
+        if self.prev != self.dev:
+            torch.cuda.set_device(self.prev)
+
+
+def stat_out(x: torch.Tensor, stored: bool) -> torch.Tensor:
+    """A per-row fp32 output (x.shape[:-1]), or an empty one when the op does not store it."""
+    return torch.empty(x.shape[:-1] if stored else (0,), dtype=torch.float32, device=x.device)
+
+
+# ---------------------------------------------------------------------------- kernels and grids
+
+
+@dataclass(frozen=True)
+class Plan:
+    """A loaded kernel, its layout, and how many blocks a launch over m rows takes."""
+
+    handle: LaunchHandle
+    layout: Layout
+    persistent: bool
+    resident: int  # clusters (or blocks) that run at once: a persistent grid's cap
+
+    def grid(self, m: int) -> int:
+        groups = -(-m // self.layout.rows)
+        return (min(groups, self.resident) if self.persistent else groups) * self.layout.cluster
+
+    def clusters(self, m: int) -> int:
+        """Clusters (or blocks) of a persistent launch over m rows: its partial rows per slot."""
+        return self.grid(m) // self.layout.cluster
+
+
+def plan(kernel: str, dev: int, n: int, dtype: str, wdtype: str, eps: float, has_weight: bool, store_rstd: bool,
+         vec: int, atomic_dw: bool = False) -> Plan:
+    h, lay = L.handle(kernel, dev, n, dtype, wdtype, eps, has_weight, store_rstd, vec, atomic_dw)
+    persistent = L.KERNELS[kernel].grid == "persistent"
+    return Plan(h, lay, persistent, h.resident(sm_count(dev)) if persistent else 0)
+
+
+def column_sums(kernel: str, dev: int, stream: int, part: torch.Tensor, parts: int, out: torch.Tensor) -> None:
+    """out[j] = sum_p part[p, j] in a fixed order (bit-identical from run to run), cast to out's dtype."""
+    n = out.shape[0]
+    p = plan(kernel, dev, n, "f32", L.TORCH_DTYPES[out.dtype], BWD_KEY_EPS, True, False, L.vector_width(n, 4, (), ()))
+    p.handle.launch(-(-p.layout.nchunk // p.layout.tpr), stream, part=part.data_ptr(), out=out.data_ptr(), parts=parts)
+
+
+BWD_KEY_EPS = 1e-6  # kernels that do not use eps take one value: one binary per shape
+
+
+# ---------------------------------------------------------------------------- eager or traced
+
+
+def eager(x: object) -> bool:
+    """Launch directly (a plain tensor, not under torch.compile), or go through the custom op
+    (tracing, fake or functional tensors). The custom op's dispatch costs tens of microseconds."""
+    return type(x) is torch.Tensor and not torch.compiler.is_compiling()
