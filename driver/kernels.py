@@ -92,7 +92,7 @@ NORM_BWD = Template("norm_bwd.mlir", (X, W, DY, Arg("rstd", "in", "f32", "stat")
                                       Arg("dw_part", "inout", "f32")))
 COL_SUM = Template("col_sum.mlir", (Arg("part", "in", "f32"), Arg("out", "out", "WT")))
 
-RMS = {"STATS_PIECE": "common/stats_rms.mlir", "NR": "1"}
+RMS = {"STATS_PIECE": "common/stats_rms.mlir"}
 
 KERNELS: dict[str, KernelSpec] = {
     k.name: k

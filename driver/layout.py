@@ -144,7 +144,7 @@ def decide(opts: Options, tgt: targets.Target, spec: KernelSpec) -> Layout:
         raise ValueError(f"l2_prefetch=1: {spec.name} (a block per row group) has no L2 prefetch of a next row; "
                          "use -1 or 0")
     eb = DTYPES[opts.dtype]
-    hintable = tgt.hint_piece is not None and lay.vec * eb == MAX_VECTOR_BYTES
+    hintable = tgt.hints and lay.vec * eb == MAX_VECTOR_BYTES
     if opts.hints > 0 and not hintable:
         raise ValueError(f"hints={opts.hints}: {spec.name} on {opts.target} has no L2 eviction hints for "
                          f"{lay.vec * eb}-byte chunks (they need 16 and an NVVM target); use -1 or 0")
@@ -392,7 +392,7 @@ def fwd_layout(opts: Options, tgt: targets.Target, work: RowWork) -> Layout:
     lay = row_layout(opts.n, opts.vec, hb, tgt, opts.tpr, weight_bytes(work, opts) or DTYPES[opts.wdtype],
                      opts.cluster, narrow=narrow)
     policy = opts.tpr == 0 and opts.cluster == 0 and opts.hints == -1 and opts.cache_row == -1
-    if policy and tgt.hint_piece is not None and lay.cluster == 1 and lay.vec * DTYPES[opts.dtype] == MAX_VECTOR_BYTES \
+    if policy and tgt.hints and lay.cluster == 1 and lay.vec * DTYPES[opts.dtype] == MAX_VECTOR_BYTES \
             and FWD_STREAM_CHUNKS[0] <= lay.nchunk <= FWD_STREAM_CHUNKS[1]:
         return _streamed(lay)
     return lay

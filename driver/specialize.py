@@ -8,7 +8,17 @@ import math
 
 from . import targets
 from .kernels import KERNELS
-from .layout import DTYPES, HINT_KEEP, HINT_L1_FIRST, HINT_L1_KEEP, HINT_LAST_READ, HINT_LOADS, HINT_STORES, MAX_VECTOR_BYTES
+from .layout import (
+    DTYPES,
+    HINT_KEEP,
+    HINT_L1_FIRST,
+    HINT_L1_KEEP,
+    HINT_LAST_READ,
+    HINT_LOADS,
+    HINT_STORES,
+    MAX_CLUSTER,
+    MAX_VECTOR_BYTES,
+)
 from .options import Options, f32
 from .template import Resolver, Source, render_file
 
@@ -44,7 +54,11 @@ def common_values(opts: Options) -> dict[str, str]:
     tgt = targets.get(opts.target)
     lay = opts.layout
     eb, wb = DTYPES[opts.dtype], DTYPES[opts.wdtype]
+    work = KERNELS[opts.kernel].work
+    nr = work.sums if work is not None else 1
     return {
+        "NR": str(nr),  # fp32 sums per row through the reductions and the cluster exchange
+        "XCH_SLOTS": str(2 * MAX_CLUSTER * nr),  # the exchange's slots: 2 buffers x blocks x sums
         "TARGET": tgt.target_attr,
         "RSQRT_PIECE": tgt.rsqrt_piece,
         # The cross-block piece only where rows are split: a no-op sum otherwise.
@@ -55,7 +69,8 @@ def common_values(opts: Options) -> dict[str, str]:
         "STAGE": _bool(lay.stage),
         "STAGE_PIECE": tgt.stage_piece if lay.stage else "common/stage_none.mlir",
         "STAGE_BLOCK_BYTES": str(lay.block * MAX_VECTOR_BYTES),
-        "HINT_PIECE": tgt.hint_piece if lay.hints else "common/cache_hint_none.mlir",
+        "POLICY_PIECE": tgt.policy_piece if lay.hints else "common/cache_policy_none.mlir",
+        "HINT_IO_PIECE": tgt.hint_io_piece if lay.hints else "common/hint_io_none.mlir",
         "HINT_LD": _bool(bool(lay.hints & HINT_LOADS)),
         "HINT_ST": _bool(bool(lay.hints & HINT_STORES)),
         "POLICY_LAST_READ": "evict_first" if lay.hints & HINT_LAST_READ else "evict_normal",

@@ -44,8 +44,14 @@ class Target:
     # The kernel attribute that makes the register allocator leave room for N resident blocks
     # ({} is N), appended to a gpu.func's attributes: NVVM's minctasm (PTX .minnctapersm).
     min_blocks_attr: str | None = None
-    # 16-byte loads and stores with an L2 eviction policy (createpolicy + .L2::cache_hint, sm_80+).
-    hint_piece: str | None = None
+    # 16-byte loads and stores with an L2 eviction policy (createpolicy + .L2::cache_hint, sm_80+):
+    # the policies (once per kernel) and the hinted loads and stores (once per row tensor).
+    policy_piece: str | None = None
+    hint_io_piece: str | None = None
+
+    @property
+    def hints(self) -> bool:
+        return self.policy_piece is not None
 
     @property
     def clusters(self) -> bool:
@@ -101,7 +107,8 @@ def _nv(chip: str, ptx: str, clusters: bool) -> Target:
         binary_formats=("bin", "isa"), isa_suffix=".ptx", bin_suffix=".cubin",
         cluster_piece="common/cluster_push_nvvm.mlir" if clusters else None,
         prefetch_piece="common/prefetch_nvvm.mlir", stage_piece="common/stage_nvvm.mlir",
-        min_blocks_attr=", nvvm.minctasm = {} : i32", hint_piece="common/cache_hint_nvvm.mlir",
+        min_blocks_attr=", nvvm.minctasm = {} : i32", policy_piece="common/cache_policy_nvvm.mlir",
+        hint_io_piece="common/hint_io_nvvm.mlir",
     )
 
 

@@ -2,9 +2,11 @@
 files the text came from. Pure Python: no MLIR import, no torch.
 
 A template is MLIR text with `${NAME}` placeholders and lines that are nothing but
-`// normir:splice FILE` (FILE may hold placeholders): the line is replaced by FILE's text, itself
-substituted and spliced. Files are found by their path relative to the kernel folder (`mlir/`),
-looked up in the include folders first (`--include`, NORMIR_INCLUDE), then in the package.
+`// normir:splice FILE [NAME=VALUE ...]` (FILE and the values may hold placeholders): the line is
+replaced by FILE's text, itself substituted and spliced, with the given NAMEs filled by their
+values inside that piece (so one piece can be spliced several times: a function per tensor).
+Files are found by their path relative to the kernel folder (`mlir/`), looked up in the include
+folders first (`--include`, NORMIR_INCLUDE), then in the package.
 
 Every output line keeps its origin (file, line, and how substitution moved its columns), so that
 an MLIR diagnostic at `"-":LINE:COL` of the specialized text can be reported at the line of the
@@ -22,7 +24,7 @@ from pathlib import Path
 from . import env
 
 PLACEHOLDER = re.compile(r"\$\{([A-Z_][A-Z0-9_]*)\}")
-SPLICE = re.compile(r"^[ \t]*// normir:splice (\S+)[ \t]*$")
+SPLICE = re.compile(r"^[ \t]*// normir:splice (\S+)((?:[ \t]+[A-Z_][A-Z0-9_]*=\S+)*)[ \t]*$")
 MAX_DEPTH = 4
 # A location in MLIR's diagnostics of text parsed from a string: "-":LINE:COL.
 _MLIR_LOC = re.compile(r'"-":(\d+):(\d+)')
@@ -155,13 +157,13 @@ def render(text: str, values: dict[str, str], *, origin: str = "<text>", resolve
     hits: list[Path] = []
     package = mlir_root()
 
-    def expand(src: str, file: str, depth: int) -> None:
+    def expand(src: str, file: str, depth: int, scope: dict[str, str]) -> None:
         if depth > MAX_DEPTH:
             raise SpecializationError(f"{file}: splices nest too deep")
         for lineno, line in enumerate(src.split("\n"), start=1):
             m = SPLICE.match(line) if splice else None
             if m is None:
-                filled, cols = _fill_line(line, values, used, file, lineno)
+                filled, cols = _fill_line(line, scope, used, file, lineno)
                 if "\n" in filled:  # a multi-line value: every line maps to the placeholder's
                     for part in filled.split("\n"):
                         lines.append(part)
@@ -170,7 +172,11 @@ def render(text: str, values: dict[str, str], *, origin: str = "<text>", resolve
                     lines.append(filled)
                     origins.append(Origin(file, lineno, cols))
                 continue
-            rel, _ = _fill_line(m.group(1), values, used, file, lineno)
+            rel, _ = _fill_line(m.group(1), scope, used, file, lineno)
+            inner = dict(scope)
+            for arg in m.group(2).split():
+                name, _, value = arg.partition("=")
+                inner[name] = _fill_line(value, scope, used, file, lineno)[0]
             try:
                 path, piece = resolver.read(rel)
             except SpecializationError as e:
@@ -181,13 +187,13 @@ def render(text: str, values: dict[str, str], *, origin: str = "<text>", resolve
             if piece.endswith("\n"):
                 # The splice line's own newline follows the piece: keep that blank line.
                 piece = piece[:-1]
-                expand(piece, _display(path), depth + 1)
+                expand(piece, _display(path), depth + 1, inner)
                 lines.append("")
                 origins.append(Origin(file, lineno))
             else:
-                expand(piece, _display(path), depth + 1)
+                expand(piece, _display(path), depth + 1, inner)
 
-    expand(text, origin, 0)
+    expand(text, origin, 0, values)
     unused = set(values) - used
     if strict_unused and unused:
         raise SpecializationError(f"{origin}: values given but never used: {sorted(unused)}")

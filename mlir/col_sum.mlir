@@ -1,10 +1,11 @@
-// dw reduction: dw[j] = sum_p dw_part[p, j], in a fixed order, cast to the weight's dtype.
+// Column sums: out[j] = sum_p part[p, j] over the fp32 partial rows a persistent kernel wrote
+// (dw), in a fixed order, cast to the output's dtype (the weight's).
 // Block of ${BLOCK} threads = ${CT} column threads x ${RT} row threads; a column thread owns ${V}
 // consecutive columns (one 16-byte fp32 access); row thread r sums partial rows r, r + RT, ...
 // then row thread 0 adds the RT sums in order 0..RT-1. The order depends only on the number of
 // partial rows, so the result is bit-identical from run to run (unlike atomics).
 // Placeholders: N, WT, V, CT, RT, BLOCK, NCHUNK, TRUNC_WT, TARGET.
-// Arguments: dw_part (fp32, parts x N), dw (WT, N), number of partial rows.
+// Arguments: part (fp32, parts x N), out (WT, N), the number of partial rows.
 module attributes {gpu.container_module} {
 gpu.module @normir [${TARGET}] {
   gpu.func @${ENTRY}(

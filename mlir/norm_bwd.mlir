@@ -1,22 +1,22 @@
-// RMSNorm backward (dx, and per-block partial sums of dw).
-//   x_hat = x * rstd,  wdy = dy * w,  c1 = mean_j(x_hat * wdy)       (fp32)
-//   dx    = (wdy - x_hat * c1) * rstd                                  (x's dtype)
-//   dw_part[b * ROWS + slot, j] = sum over the rows that block b's slot handled of dy * x_hat
-// computed with the row's scalars folded out of the per-element work (2 operations an element in
-// pass 1 and 4 in pass 2, against 3 and 6 spelled as above; +1.4-4.8% on the H200):
-//   pass 1: dot = sum_j x * wdy,  c1 = dot * rstd / N,  b = c1 * rstd^2
-//   pass 2: p = dy * rstd,  dx = p * w - b * x,  dw += p * x
+// The row-norm backward skeleton (dx, and per-block partial column sums of dw), every op of the
+// family as flags and a math piece (STATS_PIECE; RMSNorm's, with its formulas, in
+// common/stats_rms.mlir):
+//   pass 1: load x and dy, accumulate the op's sums lane-wise (normir_bwd_acc), reduce them over
+//           the row (NR = ${NR} fp32 sums: row_sum, then the cluster exchange), and derive the
+//           row's coefficients (normir_bwd_coefs, from the sums and the stored rstd);
+//   pass 2: dx, g = normir_bwd_dx(x, dy, w, rstd, coefs); the column sums dw += g * x (normir_bwd_dw).
 // The grid is persistent: block b takes row groups b, b + grid, ... so each block writes one fp32
-// partial row per slot at the end (with clusters: per cluster, see below); rmsnorm_dw_reduce.mlir sums the partial rows in a fixed order
-// (dw is bit-identical from run to run). With ATOMIC_DW the block instead adds its sums into a
-// zeroed fp32 row with fp32 atomics (order varies: not bit-reproducible), for comparison.
+// partial row per slot at the end (with clusters: per cluster, see below); col_sum.mlir sums the
+// partial rows in a fixed order (dw is bit-identical from run to run). With ATOMIC_DW the block
+// instead adds its sums into a zeroed fp32 row with fp32 atomics (order varies: not
+// bit-reproducible), for comparison.
 //
-// Thread layout as in rmsnorm_fwd.mlir: ${ROWS} rows per block of ${BLOCK} threads, ${TPR} threads
+// Thread layout as in norm_fwd.mlir: ${ROWS} rows per block of ${BLOCK} threads, ${TPR} threads
 // per row, ${K} chunks of ${V} elements per thread (chunk k*TPR + lane), the last one masked.
 // CLUSTER > 1 (rows whose dw sums do not fit one block): the ${CLUSTER} blocks of a thread-block
 // cluster share each row, block `rank` taking columns [rank * NSUB, (rank + 1) * NSUB), and the
 // persistent loop runs over clusters (cluster c takes rows c, c + grid / CLUSTER, ...). The
-// blocks add their c1 dot products through the cluster piece; partial dw rows are per cluster.
+// blocks add their sums through the cluster piece; partial dw rows are per cluster.
 // CACHE_ROW: x and dy stay in registers between the two passes; otherwise (rows too long) the
 // second pass reads them again, mostly from L2. DW_REGS: the dw sums live in registers for the
 // whole persistent loop; otherwise they accumulate in the block's own partial row in global
@@ -27,27 +27,32 @@
 // both passes read the current buffer; HBM is read once and never waits on the reductions.
 // HINT_LD: x and dy are read under L2 policies (pass 1 keeps what pass 2 reads again; pass 2's,
 // their last reads, evict first); HINT_ST: the dx stores evict first. OVERLAP (rows over a
-// cluster): pass 2's first OVERLAP_K chunks are loaded between posting the block's total
+// cluster): pass 2's first OVERLAP_K chunks are loaded between posting the block's sums
 // (cluster_post) and waiting for the peers' (cluster_read).
 //
-// Placeholders: those of rmsnorm_fwd.mlir, plus DW_REGS, ATOMIC_DW, PART_ALIGN, L2_PREFETCH,
-// OVERLAP, OVERLAP_K, and the target's pieces for atomics (ATOMIC_PIECE) and the L2 prefetch
-// (PREFETCH_PIECE).
-// Arguments: x, w, dy, rstd, dx, dw_part (fp32), rows, the row strides of x, dy and dx
-// (elements), and the grid size.
+// Placeholders: those of norm_fwd.mlir, plus DW_REGS, ATOMIC_DW, PART_ALIGN, L2_PREFETCH,
+// OVERLAP, OVERLAP_K, STAGE, STAGE_BLOCK_BYTES, and the target's pieces for atomics
+// (ATOMIC_PIECE), the L2 prefetch (PREFETCH_PIECE) and staging (STAGE_PIECE).
+// Tensors: x, w, dy, rstd (fp32 per row), dx, dw_part (fp32 partial rows); scalars: rows, the
+// row strides of x, dy and dx (elements), and the grid size.
 module attributes {gpu.container_module} {
 gpu.module @normir [${TARGET}] {
 // normir:splice common/row_sum.mlir
+// normir:splice ${STATS_PIECE}
+// normir:splice ${RSQRT_PIECE}
 // normir:splice ${ATOMIC_PIECE}
 // normir:splice ${LATE_EXT_PIECE}
 // normir:splice ${CLUSTER_PIECE}
 // normir:splice ${PREFETCH_PIECE}
 // normir:splice ${STAGE_PIECE}
-// normir:splice ${HINT_PIECE}
+// normir:splice ${POLICY_PIECE}
+// normir:splice common/row_io.mlir TENSOR=x TYPE=${T}
+// normir:splice common/row_io.mlir TENSOR=dy TYPE=${T}
+// normir:splice common/row_io.mlir TENSOR=dx TYPE=${T}
 
   gpu.func @${ENTRY}(
       ${ARGS})
-      workgroup(%red: memref<${WPR}xf32, #gpu.address_space<workgroup>>)
+      workgroup(%red: memref<${NR}x${WPR}xf32, #gpu.address_space<workgroup>>)
       private(%xbuf: memref<${K}x${V}x${T}, #gpu.address_space<private>>,
               %dybuf: memref<${K}x${V}x${T}, #gpu.address_space<private>>,
               %dwbuf: memref<${K}x${V}xf32, #gpu.address_space<private>>)
@@ -69,8 +74,6 @@ ${ABSENT}
     %l2_prefetch = arith.constant ${L2_PREFETCH}
     %stage_on = arith.constant ${STAGE}
     %eb = arith.constant ${EB} : index
-    %hint_st = arith.constant ${HINT_ST}
-    %inv_n = arith.constant ${INV_N} : f32
     %zero_v = arith.constant dense<0.0> : vector<${V}xf32>
     %one_v = arith.constant dense<1.0> : vector<${V}xf32>
     %zero_t = arith.constant dense<0.0> : vector<${V}x${T}>
@@ -87,12 +90,6 @@ ${ABSENT}
     %clusters = arith.divui %grid, %cluster : index
     %nsub = arith.constant ${NSUB} : index
     %col_base = arith.muli %rank, %nsub : index
-    %x = memref.reinterpret_cast %x_arg to offset: [0], sizes: [%rows, ${N}], strides: [%x_stride, 1]
-        : memref<${N}x${T}> to memref<?x${N}x${T}, strided<[?, 1]>>
-    %dy = memref.reinterpret_cast %dy_arg to offset: [0], sizes: [%rows, ${N}], strides: [%dy_stride, 1]
-        : memref<${N}x${T}> to memref<?x${N}x${T}, strided<[?, 1]>>
-    %dx = memref.reinterpret_cast %dx_arg to offset: [0], sizes: [%rows, ${N}], strides: [%dx_stride, 1]
-        : memref<${N}x${T}> to memref<?x${N}x${T}, strided<[?, 1]>>
     %rstd_all = memref.reinterpret_cast %rstd_arg to offset: [0], sizes: [%rows], strides: [1]
         : memref<1xf32> to memref<?xf32>
     // This slot's partial dw row: dw_part[cid * ROWS + slot, :] (a cluster's blocks share it).
@@ -102,7 +99,6 @@ ${ABSENT}
     %part_base = arith.muli %cid, %rows_per_block : index
     %x_base = memref.extract_aligned_pointer_as_index %x_arg : memref<${N}x${T}> -> index
     %dy_base = memref.extract_aligned_pointer_as_index %dy_arg : memref<${N}x${T}> -> index
-    %dx_base = memref.extract_aligned_pointer_as_index %dx_arg : memref<${N}x${T}> -> index
     // HINT_LD (see normir_bwd_row_chunk): pass 1 keeps in L2 what pass 2 reads again; the last
     // read of a line, and with HINT_ST the dx stores, ask L2 to evict it first.
     %pol_first = func.call @normir_policy_first() : () -> i64
@@ -167,8 +163,8 @@ ${ABSENT}
         func.call @normir_stage_wait_older() : () -> ()
       }
 
-      // Pass 1: dot = sum_j x * wdy, lane-wise in fp32 (rstd is applied to the row total).
-      %dot_vec = affine.for %k = 0 to ${K} iter_args(%acc = %zero_v) -> (vector<${V}xf32>) {
+      // Pass 1: the row's sums (the stats piece's), lane-wise in fp32.
+      %acc_vec = affine.for %k = 0 to ${K} iter_args(%acc = %zero_v) -> (vector<${V}xf32>) {
         %ck = arith.muli %k, %tpr : index
         %chunk = arith.addi %ck, %lane : index
         %col_in = arith.muli %chunk, %vw : index
@@ -205,18 +201,18 @@ ${ABSENT}
             : (memref<${N}x${WT}>, index, i1, i1) -> vector<${V}xf32>
         %xf = ${EXT_T} %xv : vector<${V}x${T}> to vector<${V}xf32>
         %dyf = ${EXT_T} %dyv : vector<${V}x${T}> to vector<${V}xf32>
-        %wdy = arith.mulf %dyf, %wf : vector<${V}xf32>
-        %acc_next = vector.fma %xf, %wdy, %acc : vector<${V}xf32>
+        %acc_next = func.call @normir_bwd_acc(%acc, %xf, %dyf, %wf)
+            : (vector<${V}xf32>, vector<${V}xf32>, vector<${V}xf32>, vector<${V}xf32>) -> vector<${V}xf32>
         affine.yield %acc_next : vector<${V}xf32>
       }
-      %dot_thread = vector.reduction <add>, %dot_vec : vector<${V}xf32> into f32
-      %dot = func.call @normir_row_sum(%dot_thread, %tid, %red)
-          : (f32, index, memref<${WPR}xf32, #gpu.address_space<workgroup>>) -> f32
+      %sums_thread = func.call @normir_bwd_sums(%acc_vec) : (vector<${V}xf32>) -> vector<${NR}xf32>
+      %sums_block = func.call @normir_row_sum(%sums_thread, %tid, %red)
+          : (vector<${NR}xf32>, index, memref<${NR}x${WPR}xf32, #gpu.address_space<workgroup>>) -> vector<${NR}xf32>
       // OVERLAP (rows split over a cluster): pass 2's first OVERLAP_K chunks, which do not need
       // the row total, are loaded between posting this block's total and waiting for the
       // peers', into the arrays CACHE_ROW uses, so that their latency and the peers' overlap.
-      %dot_all = scf.if %overlap -> (f32) {
-        func.call @normir_cluster_post(%dot, %tid, %iter) : (f32, index, index) -> ()
+      %sums = scf.if %overlap -> (vector<${NR}xf32>) {
+        func.call @normir_cluster_post(%sums_block, %tid, %iter) : (vector<${NR}xf32>, index, index) -> ()
         affine.for %k = 0 to ${OVERLAP_K} {
           %ck = arith.muli %k, %tpr : index
           %chunk = arith.addi %ck, %lane : index
@@ -238,21 +234,15 @@ ${ABSENT}
           vector.store %a, %xbuf[%k, %c0] : memref<${K}x${V}x${T}, #gpu.address_space<private>>, vector<${V}x${T}>
           vector.store %b, %dybuf[%k, %c0] : memref<${K}x${V}x${T}, #gpu.address_space<private>>, vector<${V}x${T}>
         }
-        %t = func.call @normir_cluster_read(%dot, %iter) : (f32, index) -> f32
-        scf.yield %t : f32
+        %t = func.call @normir_cluster_read(%sums_block, %iter) : (vector<${NR}xf32>, index) -> vector<${NR}xf32>
+        scf.yield %t : vector<${NR}xf32>
       } else {
-        %t = func.call @normir_cluster_sum(%dot, %tid, %iter) : (f32, index, index) -> f32
-        scf.yield %t : f32
+        %t = func.call @normir_cluster_sum(%sums_block, %tid, %iter) : (vector<${NR}xf32>, index, index) -> vector<${NR}xf32>
+        scf.yield %t : vector<${NR}xf32>
       }
-      // b = c1 * rstd^2 = dot * rstd^3 / N, negated for the fma below.
-      %dot_mean = arith.mulf %dot_all, %inv_n : f32
-      %c1_s = arith.mulf %dot_mean, %rstd : f32
-      %c1_r = arith.mulf %c1_s, %rstd : f32
-      %b_s = arith.mulf %c1_r, %rstd : f32
-      %neg_b_s = arith.negf %b_s : f32
-      %neg_b_v = vector.broadcast %neg_b_s : f32 to vector<${V}xf32>
+      %coefs = func.call @normir_bwd_coefs(%sums, %rstd) : (vector<${NR}xf32>, f32) -> vector<${NR}xf32>
 
-      // Pass 2: dx = p * w - b * x, and dw += p * x, with p = dy * rstd.
+      // Pass 2: dx, and the column sums (dw += gcol * x), from the stats piece.
       affine.for %k = 0 to ${K} {
         %ck = arith.muli %k, %tpr : index
         %chunk = arith.addi %ck, %lane : index
@@ -286,23 +276,18 @@ ${ABSENT}
             : (memref<${N}x${WT}>, index, i1, i1) -> vector<${V}xf32>
         %xf = func.call @normir_late_ext(%xv) : (vector<${V}x${T}>) -> vector<${V}xf32>
         %dyf = func.call @normir_late_ext(%dyv) : (vector<${V}x${T}>) -> vector<${V}xf32>
-        %p = arith.mulf %dyf, %rstd_v : vector<${V}xf32>
-        %bx = arith.mulf %xf, %neg_b_v : vector<${V}xf32>
-        %dxf = vector.fma %p, %wf, %bx : vector<${V}xf32>
+        %dxf, %gcol = func.call @normir_bwd_dx(%xf, %dyf, %wf, %rstd_v, %coefs)
+            : (vector<${V}xf32>, vector<${V}xf32>, vector<${V}xf32>, vector<${V}xf32>, vector<${NR}xf32>)
+            -> (vector<${V}xf32>, vector<${V}xf32>)
         scf.if %live {
           %dxv = ${TRUNC_T} %dxf : vector<${V}xf32> to vector<${V}x${T}>
-          scf.if %hint_st {
-            %e0 = arith.muli %row, %dx_stride : index
-            %e = arith.addi %e0, %col : index
-            func.call @normir_st_hint(%dx_base, %e, %dxv, %pol_store) : (index, index, vector<${V}x${T}>, i64) -> ()
-          } else {
-            vector.store %dxv, %dx[%row, %col] {alignment = ${ALIGN}} : memref<?x${N}x${T}, strided<[?, 1]>>, vector<${V}x${T}>
-          }
+          func.call @normir_store_dx(%dx_arg, %row, %col, %rows, %dx_stride, %dxv, %pol_store)
+              : (memref<${N}x${T}>, index, index, index, index, vector<${V}x${T}>, i64) -> ()
         }
         scf.if %has_weight {
           scf.if %dw_regs {
             %s = vector.load %dwbuf[%k, %c0] : memref<${K}x${V}xf32, #gpu.address_space<private>>, vector<${V}xf32>
-            %s2 = vector.fma %p, %xf, %s : vector<${V}xf32>
+            %s2 = func.call @normir_bwd_dw(%s, %xf, %gcol) : (vector<${V}xf32>, vector<${V}xf32>, vector<${V}xf32>) -> vector<${V}xf32>
             vector.store %s2, %dwbuf[%k, %c0] : memref<${K}x${V}xf32, #gpu.address_space<private>>, vector<${V}xf32>
           } else {
             // dw sums in memory: the slot owns its partial row; the first group initializes it.
@@ -313,7 +298,7 @@ ${ABSENT}
                 %o = vector.load %dw_part[%part_row, %col] {alignment = ${PART_ALIGN}} : memref<?x${N}xf32, strided<[${N}, 1]>>, vector<${V}xf32>
                 scf.yield %o : vector<${V}xf32>
               }
-              %s2 = vector.fma %p, %xf, %old : vector<${V}xf32>
+              %s2 = func.call @normir_bwd_dw(%old, %xf, %gcol) : (vector<${V}xf32>, vector<${V}xf32>, vector<${V}xf32>) -> vector<${V}xf32>
               vector.store %s2, %dw_part[%part_row, %col] {alignment = ${PART_ALIGN}} : memref<?x${N}xf32, strided<[${N}, 1]>>, vector<${V}xf32>
             }
           }
@@ -346,48 +331,35 @@ ${ABSENT}
   }
 
   // Chunk k of this thread in row `row`: x and dy from the STAGE buffer `buf`, or from memory
-  // (with HINT_LD under the L2 eviction policy `policy`).
+  // (with HINT_LD under the L2 eviction policy `policy`; both passes' loads take the same L1
+  // qualifier).
   func.func private @normir_bwd_row_chunk(%x_arg: memref<${N}x${T}>, %dy_arg: memref<${N}x${T}>,
       %stage_base: index, %rows: index, %x_stride: index, %dy_stride: index, %row: index, %col: index,
       %buf: index, %k: index, %tid: index, %stage_on: i1, %policy: i64) -> (vector<${V}x${T}>, vector<${V}x${T}>)
       attributes {llvm.linkage = #llvm.linkage<internal>} {
     %c0 = arith.constant 0 : index
-    %hint_ld = arith.constant ${HINT_LD}
-    %x = memref.reinterpret_cast %x_arg to offset: [0], sizes: [%rows, ${N}], strides: [%x_stride, 1]
-        : memref<${N}x${T}> to memref<?x${N}x${T}, strided<[?, 1]>>
-    %dy = memref.reinterpret_cast %dy_arg to offset: [0], sizes: [%rows, ${N}], strides: [%dy_stride, 1]
-        : memref<${N}x${T}> to memref<?x${N}x${T}, strided<[?, 1]>>
+    %c1 = arith.constant 1 : index
+    %false = arith.constant false
     %a, %b = scf.if %stage_on -> (vector<${V}x${T}>, vector<${V}x${T}>) {
-      %x_at, %dy_at = func.call @normir_bwd_stage_slots(%stage_base, %buf, %k, %tid) : (index, index, index, index) -> (index, index)
-      %a1 = func.call @normir_stage_load(%x_at) : (index) -> vector<${V}x${T}>
-      %b1 = func.call @normir_stage_load(%dy_at) : (index) -> vector<${V}x${T}>
+      %x_at = func.call @normir_stage_slot(%stage_base, %buf, %c0, %k, %tid) : (index, index, index, index, index) -> index
+      %dy_at = func.call @normir_stage_slot(%stage_base, %buf, %c1, %k, %tid) : (index, index, index, index, index) -> index
+      %a1 = func.call @normir_load_staged_x(%x_at) : (index) -> vector<${V}x${T}>
+      %b1 = func.call @normir_load_staged_dy(%dy_at) : (index) -> vector<${V}x${T}>
       scf.yield %a1, %b1 : vector<${V}x${T}>, vector<${V}x${T}>
     } else {
-      %a2, %b2 = scf.if %hint_ld -> (vector<${V}x${T}>, vector<${V}x${T}>) {
-        %x_base = memref.extract_aligned_pointer_as_index %x_arg : memref<${N}x${T}> -> index
-        %dy_base = memref.extract_aligned_pointer_as_index %dy_arg : memref<${N}x${T}> -> index
-        %xe0 = arith.muli %row, %x_stride : index
-        %xe = arith.addi %xe0, %col : index
-        %dye0 = arith.muli %row, %dy_stride : index
-        %dye = arith.addi %dye0, %col : index
-        %l1_same = arith.constant false  // both passes' loads take the same L1 qualifier
-        %a1 = func.call @normir_ld_hint(%x_base, %xe, %policy, %l1_same) : (index, index, i64, i1) -> vector<${V}x${T}>
-        %b1 = func.call @normir_ld_hint(%dy_base, %dye, %policy, %l1_same) : (index, index, i64, i1) -> vector<${V}x${T}>
-        scf.yield %a1, %b1 : vector<${V}x${T}>, vector<${V}x${T}>
-      } else {
-        %a1 = vector.load %x[%row, %col] {alignment = ${ALIGN}} : memref<?x${N}x${T}, strided<[?, 1]>>, vector<${V}x${T}>
-        %b1 = vector.load %dy[%row, %col] {alignment = ${ALIGN}} : memref<?x${N}x${T}, strided<[?, 1]>>, vector<${V}x${T}>
-        scf.yield %a1, %b1 : vector<${V}x${T}>, vector<${V}x${T}>
-      }
-      scf.yield %a2, %b2 : vector<${V}x${T}>, vector<${V}x${T}>
+      %a1 = func.call @normir_load_x(%x_arg, %row, %col, %rows, %x_stride, %policy, %false)
+          : (memref<${N}x${T}>, index, index, index, index, i64, i1) -> vector<${V}x${T}>
+      %b1 = func.call @normir_load_dy(%dy_arg, %row, %col, %rows, %dy_stride, %policy, %false)
+          : (memref<${N}x${T}>, index, index, index, index, i64, i1) -> vector<${V}x${T}>
+      scf.yield %a1, %b1 : vector<${V}x${T}>, vector<${V}x${T}>
     }
     return %a, %b : vector<${V}x${T}>, vector<${V}x${T}>
   }
 
-  // Shared addresses of this thread's chunk k of x and dy in STAGE buffer `buf`:
-  // stage_base + ((buf * 2 + tensor) * K + k) * BLOCK * 16 + tid * 16.
-  func.func private @normir_bwd_stage_slots(%stage_base: index, %buf: index, %k: index, %tid: index)
-      -> (index, index) attributes {llvm.linkage = #llvm.linkage<internal>} {
+  // Shared address of this thread's chunk k of staged tensor `tensor` (x: 0, dy: 1) in STAGE
+  // buffer `buf`: stage_base + ((buf * 2 + tensor) * K + k) * BLOCK * 16 + tid * 16.
+  func.func private @normir_stage_slot(%stage_base: index, %buf: index, %tensor: index, %k: index, %tid: index)
+      -> index attributes {llvm.linkage = #llvm.linkage<internal>} {
     %two = arith.constant 2 : index
     %sixteen = arith.constant 16 : index
     %k_count = arith.constant ${K} : index
@@ -395,15 +367,13 @@ ${ABSENT}
     %buf_x = arith.muli %buf, %two : index
     %x_slot_k = arith.muli %buf_x, %k_count : index
     %x_slot = arith.addi %x_slot_k, %k : index
-    %dy_slot = arith.addi %x_slot, %k_count : index
+    %t_slots = arith.muli %tensor, %k_count : index
+    %slot = arith.addi %x_slot, %t_slots : index
+    %k_byte = arith.muli %slot, %block_bytes : index
     %thread_byte = arith.muli %tid, %sixteen : index
-    %x_k_byte = arith.muli %x_slot, %block_bytes : index
-    %dy_k_byte = arith.muli %dy_slot, %block_bytes : index
-    %x_off = arith.addi %x_k_byte, %thread_byte : index
-    %dy_off = arith.addi %dy_k_byte, %thread_byte : index
-    %x_at = arith.addi %stage_base, %x_off : index
-    %dy_at = arith.addi %stage_base, %dy_off : index
-    return %x_at, %dy_at : index, index
+    %off = arith.addi %k_byte, %thread_byte : index
+    %at = arith.addi %stage_base, %off : index
+    return %at : index
   }
 
   // Start copying this thread's chunks of x and dy of `row` into STAGE buffer `buf` (16 bytes
@@ -411,6 +381,8 @@ ${ABSENT}
   func.func private @normir_bwd_stage(%x_base: index, %dy_base: index, %stage_base: index, %row: index,
       %buf: index, %x_stride: index, %dy_stride: index, %lane: index, %tid: index, %col_base: index)
       attributes {llvm.linkage = #llvm.linkage<internal>} {
+    %c0 = arith.constant 0 : index
+    %c1 = arith.constant 1 : index
     %tpr = arith.constant ${TPR} : index
     %vw = arith.constant ${V} : index
     %k_full = arith.constant ${KFULL} : index
@@ -427,8 +399,8 @@ ${ABSENT}
       %in_row = arith.cmpi ult, %chunk, %nchunk : index
       %live = arith.ori %always, %in_row : i1
       scf.if %live {
-        %x_dst, %dy_dst = func.call @normir_bwd_stage_slots(%stage_base, %buf, %k, %tid)
-            : (index, index, index, index) -> (index, index)
+        %x_dst = func.call @normir_stage_slot(%stage_base, %buf, %c0, %k, %tid) : (index, index, index, index, index) -> index
+        %dy_dst = func.call @normir_stage_slot(%stage_base, %buf, %c1, %k, %tid) : (index, index, index, index, index) -> index
         %x_elem = arith.addi %x_row, %col : index
         %x_byte = arith.muli %x_elem, %eb : index
         %x_src = arith.addi %x_base, %x_byte : index

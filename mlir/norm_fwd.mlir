@@ -1,41 +1,49 @@
-// RMSNorm forward.
-//   rstd[r] = 1 / sqrt(mean_j(x[r, j]^2) + eps)          (fp32 accumulation)
-//   y[r, j] = x[r, j] * rstd[r] * w[j]                   (w omitted when HAS_WEIGHT is false)
+// The row-norm forward skeleton: every op of the family (RMSNorm now) as flags and a math piece.
+//   pass 1: load the row's chunks (x), accumulate the op's sums lane-wise (STATS_PIECE:
+//           normir_fwd_acc; RMSNorm: x^2), reduce them over the row (NR = ${NR} fp32 sums:
+//           row_sum, then the cluster exchange), and derive rstd (normir_fwd_rstd);
+//   pass 2: y = normir_fwd_norm(x, rstd) * w   (w when HAS_WEIGHT), rstd stored when STORE_RSTD.
+// Each flag is an i1 constant; a variant without a feature keeps none of its loads, stores or
+// registers (canonicalization folds the dead branch).
 //
 // Thread layout: a block of ${BLOCK} threads holds ${ROWS} rows; each row is ${TPR} consecutive
 // threads. With CLUSTER > 1 a row is split over the ${CLUSTER} blocks of a thread-block cluster
 // (ROWS = 1): block `rank` covers columns [rank * NSUB, (rank + 1) * NSUB), NSUB = ${NSUB}, and
-// the blocks add their sums of squares through the cluster piece. A block's part of the row is
-// cut into ${NCHUNK} chunks of ${V} elements (one vector access each, ${ALIGN} bytes); thread
-// `lane` of a row owns chunks k * TPR + lane for k < ${K}. Chunks k < ${KFULL} exist for every
-// lane; the last k may fall past the part's end and is masked. With CACHE_ROW the chunks
-// stay in a private array (registers after unrolling) between the two passes: x is read once.
-// Without it (rows too long for registers) the second pass reads x again, mostly from L2.
-// Block (cluster) c takes row group c: a launch has one block (cluster) per group. HINT_LD / HINT_ST: x's loads and
-// y's stores carry an L2 eviction policy and, on loads, an L1 one (16-byte chunks on NVVM targets;
-// the policy's streamed rows use the load hints, a row's last read marked as such).
+// the blocks add their sums through the cluster piece. A block's part of the row is cut into
+// ${NCHUNK} chunks of ${V} elements (one vector access each, ${ALIGN} bytes); thread `lane` of a
+// row owns chunks k * TPR + lane for k < ${K}. Chunks k < ${KFULL} exist for every lane; the last k
+// may fall past the part's end and is masked. With CACHE_ROW the chunks stay in a private array
+// (registers after unrolling) between the two passes: x is read once. Without it (rows too long
+// for registers, or the policy's streamed rows) pass 2 reads x again, mostly from L2; with
+// BATCH_RELOAD it loads all its chunks of x and w before computing. Block (cluster) c takes row
+// group c: a launch has one block (cluster) per group. Row tensors are read and written through
+// row_io (one splice per tensor); with HINT_LD / HINT_ST their loads and stores carry cache
+// policies (the first read that pass 2 repeats keeps its lines in L2; a row's last read and the
+// stores evict first).
 //
-// Placeholders: N, T (x/y type), WT (weight type), EPS, V, ALIGN, BLOCK, ROWS, TPR, K, KFULL,
-// NCHUNK, CLUSTER, NSUB, EB (bytes per element), HAS_WEIGHT, STORE_RSTD,
-// CACHE_ROW, PREFETCH_W (weight chunks loaded in pass 1), BATCH_RELOAD (pass 2 reads every
-// chunk of x and w before computing), HINT_LD, HINT_ST, EXT_T/EXT_WT (cast
-// to f32), TRUNC_T (cast from f32), TARGET (gpu.module target attribute), KERNEL_ATTRS (extra
-// kernel attributes: a register bound), the pieces LATE_EXT_PIECE (pass 2's cast), CLUSTER_PIECE
-// (cross-block sum) and HINT_PIECE (loads and stores with an L2 policy), and the placeholders of
-// the spliced common pieces.
-// Arguments: x, w, y (bare pointers), rstd (fp32 per row), rows, row strides of x and y
+// Placeholders: N, T (x/y type), WT (weight type), V, ALIGN, BLOCK, ROWS, TPR, K, KFULL, NCHUNK,
+// CLUSTER, NSUB, NR, EB (bytes per element), HAS_WEIGHT, STORE_RSTD, CACHE_ROW, PREFETCH_W (weight
+// chunks loaded in pass 1), BATCH_RELOAD, EXT_T/EXT_WT (cast to f32), TRUNC_T (cast from f32),
+// TARGET (gpu.module target attribute), KERNEL_ATTRS (a register bound), ENTRY, ARGS (the
+// signature, from the kernel catalogue) and ABSENT (the template's tensors a kernel does not
+// pass), the pieces STATS_PIECE (the op's math), RSQRT_PIECE, LATE_EXT_PIECE (pass 2's cast),
+// CLUSTER_PIECE (cross-block sums), POLICY_PIECE (cache policies), and the spliced pieces' own.
+// Tensors: x, w, y (rows of N), rstd (fp32 per row); scalars: rows, the row strides of x and y
 // (elements), and the grid size in blocks.
 module attributes {gpu.container_module} {
 gpu.module @normir [${TARGET}] {
 // normir:splice common/row_sum.mlir
+// normir:splice ${STATS_PIECE}
 // normir:splice ${RSQRT_PIECE}
 // normir:splice ${LATE_EXT_PIECE}
 // normir:splice ${CLUSTER_PIECE}
-// normir:splice ${HINT_PIECE}
+// normir:splice ${POLICY_PIECE}
+// normir:splice common/row_io.mlir TENSOR=x TYPE=${T}
+// normir:splice common/row_io.mlir TENSOR=y TYPE=${T}
 
   gpu.func @${ENTRY}(
       ${ARGS})
-      workgroup(%red: memref<${WPR}xf32, #gpu.address_space<workgroup>>)
+      workgroup(%red: memref<${NR}x${WPR}xf32, #gpu.address_space<workgroup>>)
       private(%xbuf: memref<${K}x${V}x${T}, #gpu.address_space<private>>,
               %wbuf: memref<${K}x${V}x${WT}, #gpu.address_space<private>>)
       kernel attributes {known_block_size = array<i32: ${BLOCK}, 1, 1>${KERNEL_ATTRS}} {
@@ -52,11 +60,8 @@ ${ABSENT}
     %cache_row = arith.constant ${CACHE_ROW}
     %prefetch_w = arith.constant ${PREFETCH_W}
     %eb = arith.constant ${EB} : index
-    %hint_ld = arith.constant ${HINT_LD}
-    %hint_st = arith.constant ${HINT_ST}
+    %true = arith.constant true
     %batch_reload = arith.constant ${BATCH_RELOAD}
-    %eps = arith.constant ${EPS} : f32
-    %inv_n = arith.constant ${INV_N} : f32
     %zero_f = arith.constant 0.0 : f32
     %zero_v = arith.constant dense<0.0> : vector<${V}xf32>
     %zero_t = arith.constant dense<0.0> : vector<${V}x${T}>
@@ -76,12 +81,6 @@ ${ABSENT}
     %groups_m1 = arith.addi %rows, %rows_per_block : index
     %groups_m2 = arith.subi %groups_m1, %c1 : index
     %groups = arith.divui %groups_m2, %rows_per_block : index
-    %x = memref.reinterpret_cast %x_arg to offset: [0], sizes: [%rows, ${N}], strides: [%x_stride, 1]
-        : memref<${N}x${T}> to memref<?x${N}x${T}, strided<[?, 1]>>
-    %y = memref.reinterpret_cast %y_arg to offset: [0], sizes: [%rows, ${N}], strides: [%y_stride, 1]
-        : memref<${N}x${T}> to memref<?x${N}x${T}, strided<[?, 1]>>
-    %x_base = memref.extract_aligned_pointer_as_index %x_arg : memref<${N}x${T}> -> index
-    %y_base = memref.extract_aligned_pointer_as_index %y_arg : memref<${N}x${T}> -> index
     // HINT_LD: x's last read asks L2 to evict it first; a first read that pass 2 repeats (no
     // CACHE_ROW) asks it to keep the line. HINT_ST: y's lines leave L2 first.
     %pol_first = func.call @normir_policy_first() : () -> i64
@@ -110,15 +109,8 @@ ${ABSENT}
           %in_row = arith.cmpi ult, %chunk, %nchunk : index
           %live = arith.ori %always, %in_row : i1
           %xv = scf.if %live -> (vector<${V}x${T}>) {
-            %m = scf.if %hint_ld -> (vector<${V}x${T}>) {
-              %e0 = arith.muli %row, %x_stride : index
-              %e = arith.addi %e0, %col : index
-              %h = func.call @normir_ld_hint(%x_base, %e, %pol_pass1, %cache_row) : (index, index, i64, i1) -> vector<${V}x${T}>
-              scf.yield %h : vector<${V}x${T}>
-            } else {
-              %l = vector.load %x[%row, %col] {alignment = ${ALIGN}} : memref<?x${N}x${T}, strided<[?, 1]>>, vector<${V}x${T}>
-              scf.yield %l : vector<${V}x${T}>
-            }
+            %m = func.call @normir_load_x(%x_arg, %row, %col, %rows, %x_stride, %pol_pass1, %cache_row)
+                : (memref<${N}x${T}>, index, index, index, index, i64, i1) -> vector<${V}x${T}>
             scf.yield %m : vector<${V}x${T}>
           } else {
             scf.yield %zero_t : vector<${V}x${T}>
@@ -133,16 +125,15 @@ ${ABSENT}
             vector.store %wv, %wbuf[%k, %c0] : memref<${K}x${V}x${WT}, #gpu.address_space<private>>, vector<${V}x${WT}>
           }
           %xf = ${EXT_T} %xv : vector<${V}x${T}> to vector<${V}xf32>
-          %acc_next = vector.fma %xf, %xf, %acc : vector<${V}xf32>
+          %acc_next = func.call @normir_fwd_acc(%acc, %xf) : (vector<${V}xf32>, vector<${V}xf32>) -> vector<${V}xf32>
           affine.yield %acc_next : vector<${V}xf32>
         }
-        %sq_thread = vector.reduction <add>, %sq_vec : vector<${V}xf32> into f32
-        %sq_row = func.call @normir_row_sum(%sq_thread, %tid, %red)
-            : (f32, index, memref<${WPR}xf32, #gpu.address_space<workgroup>>) -> f32
-        %sq_all = func.call @normir_cluster_sum(%sq_row, %tid, %iter) : (f32, index, index) -> f32
-        %mean_sq = arith.mulf %sq_all, %inv_n : f32
-        %var_eps = arith.addf %mean_sq, %eps : f32
-        %rstd = func.call @normir_rsqrt(%var_eps) : (f32) -> f32
+        %sums_thread = func.call @normir_fwd_sums(%sq_vec) : (vector<${V}xf32>) -> vector<${NR}xf32>
+        %sums_row = func.call @normir_row_sum(%sums_thread, %tid, %red)
+            : (vector<${NR}xf32>, index, memref<${NR}x${WPR}xf32, #gpu.address_space<workgroup>>) -> vector<${NR}xf32>
+        %sums = func.call @normir_cluster_sum(%sums_row, %tid, %iter)
+            : (vector<${NR}xf32>, index, index) -> vector<${NR}xf32>
+        %rstd = func.call @normir_fwd_rstd(%sums) : (vector<${NR}xf32>) -> f32
 
         %is_lane0 = arith.cmpi eq, %lane, %c0 : index
         %is_rank0 = arith.cmpi eq, %rank, %c0 : index
@@ -167,8 +158,8 @@ ${ABSENT}
             %in_row = arith.cmpi ult, %chunk, %nchunk : index
             %live = arith.ori %always, %in_row : i1
             scf.if %live {
-              %v = func.call @normir_fwd_read_again(%x_arg, %row, %col, %rows, %x_stride, %pol_first)
-                  : (memref<${N}x${T}>, index, index, index, index, i64) -> vector<${V}x${T}>
+              %v = func.call @normir_load_x(%x_arg, %row, %col, %rows, %x_stride, %pol_first, %true)
+                  : (memref<${N}x${T}>, index, index, index, index, i64, i1) -> vector<${V}x${T}>
               vector.store %v, %xbuf[%k, %c0] : memref<${K}x${V}x${T}, #gpu.address_space<private>>, vector<${V}x${T}>
               scf.if %has_weight {
                 %wv = vector.load %w_arg[%col] {alignment = ${W_ALIGN}} : memref<${N}x${WT}>, vector<${V}x${WT}>
@@ -192,12 +183,12 @@ ${ABSENT}
               %v = vector.load %xbuf[%k, %c0] : memref<${K}x${V}x${T}, #gpu.address_space<private>>, vector<${V}x${T}>
               scf.yield %v : vector<${V}x${T}>
             } else {
-              %v = func.call @normir_fwd_read_again(%x_arg, %row, %col, %rows, %x_stride, %pol_first)
-                  : (memref<${N}x${T}>, index, index, index, index, i64) -> vector<${V}x${T}>
+              %v = func.call @normir_load_x(%x_arg, %row, %col, %rows, %x_stride, %pol_first, %true)
+                  : (memref<${N}x${T}>, index, index, index, index, i64, i1) -> vector<${V}x${T}>
               scf.yield %v : vector<${V}x${T}>
             }
             %xf = func.call @normir_late_ext(%xv) : (vector<${V}x${T}>) -> vector<${V}xf32>
-            %xn = arith.mulf %xf, %rstd_v : vector<${V}xf32>
+            %xn = func.call @normir_fwd_norm(%xf, %rstd_v) : (vector<${V}xf32>, vector<${V}xf32>) -> vector<${V}xf32>
             %yf = scf.if %has_weight -> (vector<${V}xf32>) {
               %wv = scf.if %w_held -> (vector<${V}x${WT}>) {
                 %v = vector.load %wbuf[%k, %c0] : memref<${K}x${V}x${WT}, #gpu.address_space<private>>, vector<${V}x${WT}>
@@ -213,39 +204,13 @@ ${ABSENT}
               scf.yield %xn : vector<${V}xf32>
             }
             %yv = ${TRUNC_T} %yf : vector<${V}xf32> to vector<${V}x${T}>
-            scf.if %hint_st {
-              %e0 = arith.muli %row, %y_stride : index
-              %e = arith.addi %e0, %col : index
-              func.call @normir_st_hint(%y_base, %e, %yv, %pol_store) : (index, index, vector<${V}x${T}>, i64) -> ()
-            } else {
-              vector.store %yv, %y[%row, %col] {alignment = ${ALIGN}} : memref<?x${N}x${T}, strided<[?, 1]>>, vector<${V}x${T}>
-            }
+            func.call @normir_store_y(%y_arg, %row, %col, %rows, %y_stride, %yv, %pol_store)
+                : (memref<${N}x${T}>, index, index, index, index, vector<${V}x${T}>, i64) -> ()
           }
         }
       }
     }
     gpu.return
-  }
-
-  // Pass 2's read of x[row, col] when the row is not held: the row's last read (HINT_LD: under
-  // the evict-first policy %pol_first, marked last for its L1 qualifier).
-  func.func private @normir_fwd_read_again(%x_arg: memref<${N}x${T}>, %row: index, %col: index, %rows: index,
-      %x_stride: index, %pol_first: i64) -> vector<${V}x${T}> attributes {llvm.linkage = #llvm.linkage<internal>} {
-    %hint_ld = arith.constant ${HINT_LD}
-    %v = scf.if %hint_ld -> (vector<${V}x${T}>) {
-      %true = arith.constant true
-      %x_base = memref.extract_aligned_pointer_as_index %x_arg : memref<${N}x${T}> -> index
-      %e0 = arith.muli %row, %x_stride : index
-      %e = arith.addi %e0, %col : index
-      %h = func.call @normir_ld_hint(%x_base, %e, %pol_first, %true) : (index, index, i64, i1) -> vector<${V}x${T}>
-      scf.yield %h : vector<${V}x${T}>
-    } else {
-      %x = memref.reinterpret_cast %x_arg to offset: [0], sizes: [%rows, ${N}], strides: [%x_stride, 1]
-          : memref<${N}x${T}> to memref<?x${N}x${T}, strided<[?, 1]>>
-      %l = vector.load %x[%row, %col] {alignment = ${ALIGN}} : memref<?x${N}x${T}, strided<[?, 1]>>, vector<${V}x${T}>
-      scf.yield %l : vector<${V}x${T}>
-    }
-    return %v : vector<${V}x${T}>
   }
 }
 }

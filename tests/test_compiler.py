@@ -139,14 +139,14 @@ def test_errors_name_the_piece_line():
     # A type mismatch inside a spliced piece names the piece's file and line, and the column where
     # a placeholder was filled maps back to the placeholder.
     src = _source()
-    piece = MLIR_DIR / "common" / "row_sum.mlir"
+    piece = MLIR_DIR / "common" / "butterfly.mlir"
     needle = "%sum = arith.addf %acc, %other : f32"
     bad = template.Source(src.text.replace(needle, "%sum = arith.addf %acc, %other : f16", 1), src.origins)
     with pytest.raises(compiler.CompileError) as e:
         compiler.compile_text(bad, "sm_90", "isa")
-    assert re.search(rf"error: \S*common/row_sum\.mlir:{_line_of(piece, needle)}:\d+: ", str(e.value)), str(e.value)
+    assert re.search(rf"error: \S*common/butterfly\.mlir:{_line_of(piece, needle)}:\d+: ", str(e.value)), str(e.value)
     o = src.origins[src.text[:src.text.index("%width = arith.constant 32")].count("\n")]
-    assert o.file.endswith("common/row_sum.mlir")
+    assert o.file.endswith("common/butterfly.mlir")
     assert o.column(len("    %width = arith.constant 32") + 1) == len("    %width = arith.constant ${WARP}") + 1
 
 

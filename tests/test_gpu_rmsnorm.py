@@ -371,3 +371,42 @@ def test_repeated_calls_take_the_fast_path_correctly(store_rstd):
     x = base[1:].view(7, 4096)  # 2-byte aligned: contiguous, but not for 16-byte vectors
     y, _ = normir.rmsnorm_fwd(x, w, 1e-6, store_rstd=store_rstd)
     assert rel_err(y, rmsnorm_ref(x, w, 1e-6)[0]) <= TOL[torch.bfloat16]
+
+
+# ------------------------------------------------------------------------------------ custom ops
+
+
+def test_custom_ops_and_eager_launches_are_bitwise_equal():
+    # Eager calls launch directly; traced ones go through torch.ops.normir (the dispatcher, the
+    # registered autograd, torch.compile). The same kernels: bitwise-equal outputs and gradients.
+    x = make((199, 2880), torch.bfloat16)
+    w = make((2880,), torch.bfloat16) + 1
+    dy = make((199, 2880), torch.bfloat16)
+    y1, r1 = normir.rmsnorm_fwd(x, w, 1e-6, store_rstd=True)
+    y2, r2 = torch.ops.normir.rmsnorm_fwd(x, w, 1e-6, True)
+    assert torch.equal(y1, y2) and torch.equal(r1, r2)
+    assert torch.ops.normir.rmsnorm_fwd(x, None, 1e-6, False)[1].shape == (0,)
+    dx1, dw1 = normir.rmsnorm_bwd(x, w, dy, r1)
+    dx2, dw2 = torch.ops.normir.rmsnorm_bwd(x, w, dy, r1, False)
+    assert torch.equal(dx1, dx2) and torch.equal(dw1, dw2)
+
+    def grads(fn):
+        xa, wa = x.clone().requires_grad_(True), w.clone().requires_grad_(True)
+        y = fn(xa, wa)
+        return (y, *torch.autograd.grad(y, [xa, wa], dy))
+
+    eager = grads(lambda a, b: normir.rmsnorm(a, b, 1e-6))
+    op = grads(lambda a, b: torch.ops.normir.rmsnorm_fwd(a, b, 1e-6, True)[0])
+    compiled = grads(torch.compile(lambda a, b: normir.rmsnorm(a, b, 1e-6), fullgraph=True))
+    for e, o, c in zip(eager, op, compiled):
+        assert torch.equal(e, o) and torch.equal(e, c)
+
+
+def test_custom_op_opcheck():
+    x = make((37, 1024), torch.bfloat16)
+    w = make((1024,), torch.bfloat16) + 1
+    _, rstd = normir.rmsnorm_fwd(x, w, 1e-6, store_rstd=True)
+    torch.library.opcheck(torch.ops.normir.rmsnorm_fwd.default, (x, w, 1e-6, True))
+    torch.library.opcheck(torch.ops.normir.rmsnorm_fwd.default, (x, None, 1e-6, False))
+    torch.library.opcheck(torch.ops.normir.rmsnorm_bwd.default, (x, w, make((37, 1024), torch.bfloat16), rstd, False),
+                          test_utils=("test_schema", "test_faketensor"))

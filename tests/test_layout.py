@@ -408,15 +408,19 @@ def test_hint_policy():
 def test_l1_qualifier_of_last_reads():
     # Bit 32 gives the forward's last reads .L1::evict_first; without it they take the other
     # loads' qualifier (.L1::evict_last with bit 16, none without); the backward never uses it.
-    def text(kernel="rmsnorm_fwd", **kw):
-        return specialize(Options(kernel=kernel, n=4096, tpr=256, cache_row=0, **kw))
+    def loads(kernel="rmsnorm_fwd", tensor="x", **kw):  # x's hinted load function in the text
+        text = specialize(Options(kernel=kernel, **{"n": 4096, "tpr": 256, "cache_row": 0, **kw}))
+        return text[text.index(f"@normir_ld_hint_{tensor}("):text.index(f"@normir_st_hint_{tensor}(")]
 
-    assert text(hints=53).count("ld.global.nc.L1::evict_first.L2") == 1
-    assert text(hints=53).count("ld.global.nc.L1::evict_last.L2") == 1
-    assert text(hints=21).count("ld.global.nc.L1::evict_last.L2") == 2 and "evict_first.L2" not in text(hints=21)
-    assert text(hints=5).count("ld.global.nc.L2::cache_hint") == 2
+    assert loads(hints=53).count("ld.global.nc.L1::evict_first.L2") == 1
+    assert loads(hints=53).count("ld.global.nc.L1::evict_last.L2") == 1
+    assert loads(hints=21).count("ld.global.nc.L1::evict_last.L2") == 2 and "evict_first.L2" not in loads(hints=21)
+    assert loads(hints=5).count("ld.global.nc.L2::cache_hint") == 2
     bwd = specialize(Options(kernel="rmsnorm_bwd", n=2880, has_weight=False, hints=19))
-    assert bwd.count("ld.global.nc.L1::evict_last.L2::cache_hint.v4") == 2 and "st.global.L2::cache_hint.v4" in bwd
+    for t in ("x", "dy"):
+        assert loads("rmsnorm_bwd", t, n=2880, tpr=0, cache_row=-1, has_weight=False, hints=19).count(
+            "ld.global.nc.L1::evict_last.L2::cache_hint.v4") == 2
+    assert "st.global.L2::cache_hint.v4" in bwd
 
 
 def test_forward_batch_reload():

@@ -1,9 +1,10 @@
   // normir common piece: cluster_sum for NVVM targets with thread-block clusters (sm_90+), by
-  // pushes: no cluster barrier per row. A row is split over the ${CLUSTER} blocks of a cluster.
+  // pushes: no cluster barrier per row. A row is split over the ${CLUSTER} blocks of a cluster,
+  // and each block has ${NR} fp32 totals (the op's sums per row) to add to its peers'.
   // Thread 0 of each block arms its own mbarrier @normir_xch_mbar[b] (b = %iter % 2) for
-  // CLUSTER x 4 bytes, then writes its block's total into slot [b][its rank] of every block of
-  // the cluster, itself included, with st.async, which counts the 4 bytes off that block's
-  // mbarrier b when they land (distributed shared memory: mapa + st.async ... complete_tx).
+  // CLUSTER x NR x 4 bytes, then writes its block's totals into slots [b][its rank][0..NR) of
+  // every block of the cluster, itself included, with st.async, which counts each 4 bytes off that
+  // block's mbarrier b when they land (distributed shared memory: mapa + st.async ... complete_tx).
   // Every thread waits for its own mbarrier's phase, then adds the local slots in rank order, so
   // every block gets the same bits. The k-th use of buffer b (row %iter = 2k + b) completes
   // phase k of mbarrier b: the wait is on parity k % 2.
@@ -18,7 +19,7 @@
   // no block waits for the slowest thread of each peer (on the H200, 3-18% faster than an
   // exchange through the cluster barrier, which was removed; see docs/tuning.md).
   // st.async needs PTX 8.1.
-  llvm.mlir.global internal @normir_xch_slots() {addr_space = 3 : i32, alignment = 16 : i64} : !llvm.array<16 x f32>
+  llvm.mlir.global internal @normir_xch_slots() {addr_space = 3 : i32, alignment = 16 : i64} : !llvm.array<${XCH_SLOTS} x f32>
   llvm.mlir.global internal @normir_xch_mbar() {addr_space = 3 : i32, alignment = 8 : i64} : !llvm.array<2 x i64>
 
   // The 32-bit shared address of a pointer into this block's shared memory.
@@ -52,13 +53,15 @@
     return
   }
 
-  func.func private @normir_cluster_post(%v: f32, %tid: index, %iter: index)
+  func.func private @normir_cluster_post(%v: vector<${NR}xf32>, %tid: index, %iter: index)
       attributes {llvm.linkage = #llvm.linkage<internal>} {
     %c0 = arith.constant 0 : index
     %c2 = arith.constant 2 : index
     %cluster = arith.constant ${CLUSTER} : i32
+    %nr = arith.constant ${NR} : i32
     %four = arith.constant 4 : i32
-    %bytes = arith.muli %cluster, %four : i32  // one f32 from every block of the cluster
+    %per_block = arith.muli %nr, %four : i32
+    %bytes = arith.muli %cluster, %per_block : i32  // NR f32 from every block of the cluster
     %first_row = arith.cmpi eq, %iter, %c0 : index
     scf.if %first_row {
       nvvm.cluster.wait {aligned}  // every peer's mbarriers exist (cluster_init)
@@ -73,24 +76,31 @@
       %rank = nvvm.read.ptx.sreg.cluster.ctarank : i32
       %slot_i = arith.muli %b, %cluster : i32
       %slot_r = arith.addi %slot_i, %rank : i32
+      %slot_first = arith.muli %slot_r, %nr : i32
       %slots = llvm.mlir.addressof @normir_xch_slots : !llvm.ptr<3>
-      %slot_p = llvm.getelementptr %slots[0, %slot_r] : (!llvm.ptr<3>, i32) -> !llvm.ptr<3>, !llvm.array<16 x f32>
-      %slot = func.call @normir_smem_u32(%slot_p) : (!llvm.ptr<3>) -> i32
-      %bits = arith.bitcast %v : f32 to i32
       affine.for %r = 0 to ${CLUSTER} {
         %r_i32 = arith.index_cast %r : index to i32
-        llvm.inline_asm has_side_effects
-            "{ .reg .b32 s, m; mapa.shared::cluster.u32 s, $0, $3; mapa.shared::cluster.u32 m, $1, $3; st.async.shared::cluster.mbarrier::complete_tx::bytes.b32 [s], $2, [m]; }",
-            "r,r,r,r" %slot, %mb, %bits, %r_i32 : (i32, i32, i32, i32) -> ()
+        affine.for %j = 0 to ${NR} {
+          %j_i32 = arith.index_cast %j : index to i32
+          %slot_j = arith.addi %slot_first, %j_i32 : i32
+          %slot_p = llvm.getelementptr %slots[0, %slot_j] : (!llvm.ptr<3>, i32) -> !llvm.ptr<3>, !llvm.array<${XCH_SLOTS} x f32>
+          %slot = func.call @normir_smem_u32(%slot_p) : (!llvm.ptr<3>) -> i32
+          %e = vector.extract %v[%j] : f32 from vector<${NR}xf32>
+          %bits = arith.bitcast %e : f32 to i32
+          llvm.inline_asm has_side_effects
+              "{ .reg .b32 s, m; mapa.shared::cluster.u32 s, $0, $3; mapa.shared::cluster.u32 m, $1, $3; st.async.shared::cluster.mbarrier::complete_tx::bytes.b32 [s], $2, [m]; }",
+              "r,r,r,r" %slot, %mb, %bits, %r_i32 : (i32, i32, i32, i32) -> ()
+        }
       }
     }
     return
   }
-  func.func private @normir_cluster_read(%own: f32, %iter: index) -> f32
+  func.func private @normir_cluster_read(%own: vector<${NR}xf32>, %iter: index) -> vector<${NR}xf32>
       attributes {llvm.linkage = #llvm.linkage<internal>} {
     %c2 = arith.constant 2 : index
     %cluster = arith.constant ${CLUSTER} : i32
-    %zero = arith.constant 0.0 : f32
+    %nr = arith.constant ${NR} : i32
+    %zero = arith.constant dense<0.0> : vector<${NR}xf32>
     %b_idx = arith.remui %iter, %c2 : index
     %use = arith.divui %iter, %c2 : index
     %phase_idx = arith.remui %use, %c2 : index
@@ -102,19 +112,27 @@
         "r,r" %mb, %phase : (i32, i32) -> ()
     %slots = llvm.mlir.addressof @normir_xch_slots : !llvm.ptr<3>
     %first = arith.muli %b, %cluster : i32
-    %total = affine.for %r = 0 to ${CLUSTER} iter_args(%acc = %zero) -> (f32) {
+    %total = affine.for %r = 0 to ${CLUSTER} iter_args(%acc = %zero) -> (vector<${NR}xf32>) {
       %r_i32 = arith.index_cast %r : index to i32
       %i = arith.addi %first, %r_i32 : i32
-      %p = llvm.getelementptr %slots[0, %i] : (!llvm.ptr<3>, i32) -> !llvm.ptr<3>, !llvm.array<16 x f32>
-      %part = llvm.load volatile %p : !llvm.ptr<3> -> f32
-      %sum = arith.addf %acc, %part : f32
-      affine.yield %sum : f32
+      %i_first = arith.muli %i, %nr : i32
+      %acc_r = affine.for %j = 0 to ${NR} iter_args(%a = %acc) -> (vector<${NR}xf32>) {
+        %j_i32 = arith.index_cast %j : index to i32
+        %i_j = arith.addi %i_first, %j_i32 : i32
+        %p = llvm.getelementptr %slots[0, %i_j] : (!llvm.ptr<3>, i32) -> !llvm.ptr<3>, !llvm.array<${XCH_SLOTS} x f32>
+        %part = llvm.load volatile %p : !llvm.ptr<3> -> f32
+        %e = vector.extract %a[%j] : f32 from vector<${NR}xf32>
+        %sum = arith.addf %e, %part : f32
+        %a2 = vector.insert %sum, %a[%j] : f32 into vector<${NR}xf32>
+        affine.yield %a2 : vector<${NR}xf32>
+      }
+      affine.yield %acc_r : vector<${NR}xf32>
     }
-    return %total : f32
+    return %total : vector<${NR}xf32>
   }
-  func.func private @normir_cluster_sum(%v: f32, %tid: index, %iter: index) -> f32
+  func.func private @normir_cluster_sum(%v: vector<${NR}xf32>, %tid: index, %iter: index) -> vector<${NR}xf32>
       attributes {llvm.linkage = #llvm.linkage<internal>} {
-    func.call @normir_cluster_post(%v, %tid, %iter) : (f32, index, index) -> ()
-    %total = func.call @normir_cluster_read(%v, %iter) : (f32, index) -> f32
-    return %total : f32
+    func.call @normir_cluster_post(%v, %tid, %iter) : (vector<${NR}xf32>, index, index) -> ()
+    %total = func.call @normir_cluster_read(%v, %iter) : (vector<${NR}xf32>, index) -> vector<${NR}xf32>
+    return %total : vector<${NR}xf32>
   }

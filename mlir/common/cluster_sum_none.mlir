@@ -3,15 +3,15 @@
   func.func private @normir_cluster_init(%tid: index) attributes {llvm.linkage = #llvm.linkage<internal>} {
     return
   }
-  func.func private @normir_cluster_post(%v: f32, %tid: index, %iter: index)
+  func.func private @normir_cluster_post(%v: vector<${NR}xf32>, %tid: index, %iter: index)
       attributes {llvm.linkage = #llvm.linkage<internal>} {
     return
   }
-  func.func private @normir_cluster_read(%own: f32, %iter: index) -> f32
+  func.func private @normir_cluster_read(%own: vector<${NR}xf32>, %iter: index) -> vector<${NR}xf32>
       attributes {llvm.linkage = #llvm.linkage<internal>} {
-    return %own : f32
+    return %own : vector<${NR}xf32>
   }
-  func.func private @normir_cluster_sum(%v: f32, %tid: index, %iter: index) -> f32
+  func.func private @normir_cluster_sum(%v: vector<${NR}xf32>, %tid: index, %iter: index) -> vector<${NR}xf32>
       attributes {llvm.linkage = #llvm.linkage<internal>} {
-    return %v : f32
+    return %v : vector<${NR}xf32>
   }

@@ -1,58 +1,56 @@
-  // normir common piece: row_sum (spliced into every kernel's gpu.module; written once).
-  // Sums %v over the ${TPR} consecutive threads that share a row and returns the total to each.
+  // normir common piece: row_sum (spliced into every row kernel's gpu.module; written once).
+  // Sums each of the ${NR} fp32 values of %v over the ${TPR} consecutive threads that share a row
+  // and returns the totals to each thread (NR: the op's sums per row, 1 for RMSNorm).
   // TPR <= ${WARP}: butterfly shuffles with offsets < TPR stay inside the row's lane group.
   // TPR >  ${WARP}: the row is ${WPR} whole warps (one row per block); warp totals meet in %red
   // and each warp adds them up with a second butterfly.
   // The trailing barrier (RED_REUSED = ${RED_REUSED}) lets the caller reuse %red for the next
   // row (persistent kernels); a kernel that sums one row per block goes without it.
-  func.func private @normir_row_sum(%v: f32, %tid: index,
-      %red: memref<${WPR}xf32, #gpu.address_space<workgroup>>) -> f32
+  func.func private @normir_row_sum(%v: vector<${NR}xf32>, %tid: index,
+      %red: memref<${NR}x${WPR}xf32, #gpu.address_space<workgroup>>) -> vector<${NR}xf32>
       attributes {llvm.linkage = #llvm.linkage<internal>} {
     %c0 = arith.constant 0 : index
-    %one = arith.constant 1 : i32
-    %width = arith.constant ${WARP} : i32
-    %in_warp = affine.for %i = 0 to ${SHUFFLE_STEPS} iter_args(%acc = %v) -> (f32) {
-      %i32 = arith.index_cast %i : index to i32
-      %offset = arith.shli %one, %i32 : i32
-      %other, %ok = gpu.shuffle xor %acc, %offset, %width : f32
-      %sum = arith.addf %acc, %other : f32
-      affine.yield %sum : f32
-    }
+    %in_warp = func.call @normir_butterfly(%v) : (vector<${NR}xf32>) -> vector<${NR}xf32>
     %multi_warp = arith.constant ${MULTI_WARP}
-    %total = scf.if %multi_warp -> (f32) {
+    %total = scf.if %multi_warp -> (vector<${NR}xf32>) {
       %warp = arith.constant ${WARP} : index
       %wpr = arith.constant ${WPR} : index
       %lane = arith.remui %tid, %warp : index
       %warp_id = arith.divui %tid, %warp : index
       %is_first = arith.cmpi eq, %lane, %c0 : index
       scf.if %is_first {
-        memref.store %in_warp, %red[%warp_id] : memref<${WPR}xf32, #gpu.address_space<workgroup>>
+        affine.for %j = 0 to ${NR} {
+          %e = vector.extract %in_warp[%j] : f32 from vector<${NR}xf32>
+          memref.store %e, %red[%j, %warp_id] : memref<${NR}x${WPR}xf32, #gpu.address_space<workgroup>>
+        }
       }
       gpu.barrier
-      // Every warp sums the WPR warp totals itself (lane i takes total i): one register, no
-      // second barrier round trip, and each warp ends with the row total.
+      // Every warp sums the WPR warp totals itself (lane i takes total i): one register per sum,
+      // no second barrier round trip, and each warp ends with the row totals.
       %has_part = arith.cmpi ult, %lane, %wpr : index
-      %part = scf.if %has_part -> (f32) {
-        %p = memref.load %red[%lane] : memref<${WPR}xf32, #gpu.address_space<workgroup>>
-        scf.yield %p : f32
+      %zero = arith.constant dense<0.0> : vector<${NR}xf32>
+      %part = scf.if %has_part -> (vector<${NR}xf32>) {
+        %p = affine.for %j = 0 to ${NR} iter_args(%a = %zero) -> (vector<${NR}xf32>) {
+          %e = memref.load %red[%j, %lane] : memref<${NR}x${WPR}xf32, #gpu.address_space<workgroup>>
+          %a2 = vector.insert %e, %a[%j] : f32 into vector<${NR}xf32>
+          affine.yield %a2 : vector<${NR}xf32>
+        }
+        scf.yield %p : vector<${NR}xf32>
       } else {
-        %zero = arith.constant 0.0 : f32
-        scf.yield %zero : f32
+        scf.yield %zero : vector<${NR}xf32>
       }
-      %all = affine.for %i = 0 to ${WARP_STEPS} iter_args(%acc = %part) -> (f32) {
-        %i32 = arith.index_cast %i : index to i32
-        %offset = arith.shli %one, %i32 : i32
-        %other, %ok = gpu.shuffle xor %acc, %offset, %width : f32
-        %sum = arith.addf %acc, %other : f32
-        affine.yield %sum : f32
-      }
+      %all = func.call @normir_butterfly_warp(%part) : (vector<${NR}xf32>) -> vector<${NR}xf32>
       %trail = arith.constant ${RED_REUSED}
       scf.if %trail {
         gpu.barrier
       }
-      scf.yield %all : f32
+      scf.yield %all : vector<${NR}xf32>
     } else {
-      scf.yield %in_warp : f32
+      scf.yield %in_warp : vector<${NR}xf32>
     }
-    return %total : f32
+    return %total : vector<${NR}xf32>
   }
+
+  // The butterflies: over the row's lanes of a warp (TPR <= WARP), and over a whole warp.
+  // normir:splice common/butterfly.mlir FN=normir_butterfly STEPS=${SHUFFLE_STEPS}
+  // normir:splice common/butterfly.mlir FN=normir_butterfly_warp STEPS=${WARP_STEPS}

@@ -4,11 +4,6 @@
     %zero = arith.constant 0 : index
     return %zero : index
   }
-  func.func private @normir_stage_load(%addr: index) -> vector<${V}x${T}>
-      attributes {llvm.linkage = #llvm.linkage<internal>} {
-    %zero = arith.constant dense<0.0> : vector<${V}x${T}>
-    return %zero : vector<${V}x${T}>
-  }
   func.func private @normir_stage_copy(%dst: index, %src: index)
       attributes {llvm.linkage = #llvm.linkage<internal>} {
     return

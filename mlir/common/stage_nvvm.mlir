@@ -13,13 +13,6 @@
     %base = arith.index_cast %addr : i64 to index
     return %base : index
   }
-  func.func private @normir_stage_load(%addr: index) -> vector<${V}x${T}>
-      attributes {llvm.linkage = #llvm.linkage<internal>} {
-    %addr_i64 = arith.index_cast %addr : index to i64
-    %ptr = llvm.inttoptr %addr_i64 : i64 to !llvm.ptr<3>
-    %v = llvm.load %ptr {alignment = 16 : i64} : !llvm.ptr<3> -> vector<${V}x${T}>
-    return %v : vector<${V}x${T}>
-  }
   func.func private @normir_stage_copy(%dst: index, %src: index)
       attributes {llvm.linkage = #llvm.linkage<internal>} {
     %dst_i64 = arith.index_cast %dst : index to i64

@@ -1,25 +1,11 @@
-  // normir common piece: cache_hint for NVVM targets (sm_80+). 16-byte global loads and stores
-  // that carry an L2 eviction policy (createpolicy + .L2::cache_hint), from the layout's hint
-  // bits: a row's last read (policy_first: ${POLICY_LAST_READ}), a first read that pass 2 repeats
-  // (policy_last: ${POLICY_KEEP}), stores (policy_store: evict_first); loads through
-  // ld.global.nc${LD_L1} (with .L1::evict_last where the layout asks L1 to keep the lines);
-  // a load marked `last` (a row's last read) takes ld.global.nc${LD_L1_LAST} instead.
-  // No MLIR op carries these qualifiers, hence inline PTX. Used only where a chunk is one 16-byte
-  // vector (V * EB = 16).
-  func.func private @normir_policy_first() -> i64 attributes {llvm.linkage = #llvm.linkage<internal>} {
-    %p = llvm.inline_asm "createpolicy.fractional.L2::${POLICY_LAST_READ}.b64 $0, 1.0;", "=l" : () -> i64
-    return %p : i64
-  }
-  func.func private @normir_policy_last() -> i64 attributes {llvm.linkage = #llvm.linkage<internal>} {
-    %p = llvm.inline_asm "createpolicy.fractional.L2::${POLICY_KEEP}.b64 $0, 1.0;", "=l" : () -> i64
-    return %p : i64
-  }
-  func.func private @normir_policy_store() -> i64 attributes {llvm.linkage = #llvm.linkage<internal>} {
-    %p = llvm.inline_asm "createpolicy.fractional.L2::evict_first.b64 $0, 1.0;", "=l" : () -> i64
-    return %p : i64
-  }
-  // base + elem * EB, read through the non-coherent path (the tensors are read-only here).
-  func.func private @normir_ld_hint(%base: index, %elem: index, %policy: i64, %last: i1) -> vector<${V}x${T}>
+  // normir common piece: hint_io for NVVM targets (sm_80+), for the row tensor ${TENSOR}: 16-byte
+  // global loads and stores that carry an L2 eviction policy (.L2::cache_hint, common/
+  // cache_policy_nvvm.mlir); loads go through ld.global.nc${LD_L1} (with .L1::evict_last where the
+  // layout asks L1 to keep the lines), and a load marked `last` (a row's last read) through
+  // ld.global.nc${LD_L1_LAST}. No MLIR op carries these qualifiers, hence inline PTX. Used only
+  // where a chunk is one 16-byte vector (V * EB = 16).
+  // base + elem * EB, read through the non-coherent path (the tensors read are read-only).
+  func.func private @normir_ld_hint_${TENSOR}(%base: index, %elem: index, %policy: i64, %last: i1) -> vector<${V}x${TYPE}>
       attributes {llvm.linkage = #llvm.linkage<internal>} {
     %eb = arith.constant ${EB} : index
     %byte = arith.muli %elem, %eb : index
@@ -40,17 +26,17 @@
     %e2 = llvm.extractvalue %s[2] : !llvm.struct<(i32, i32, i32, i32)>
     %e3 = llvm.extractvalue %s[3] : !llvm.struct<(i32, i32, i32, i32)>
     %words = vector.from_elements %e0, %e1, %e2, %e3 : vector<4xi32>
-    %v = vector.bitcast %words : vector<4xi32> to vector<${V}x${T}>
-    return %v : vector<${V}x${T}>
+    %v = vector.bitcast %words : vector<4xi32> to vector<${V}x${TYPE}>
+    return %v : vector<${V}x${TYPE}>
   }
-  func.func private @normir_st_hint(%base: index, %elem: index, %v: vector<${V}x${T}>, %policy: i64)
+  func.func private @normir_st_hint_${TENSOR}(%base: index, %elem: index, %v: vector<${V}x${TYPE}>, %policy: i64)
       attributes {llvm.linkage = #llvm.linkage<internal>} {
     %eb = arith.constant ${EB} : index
     %byte = arith.muli %elem, %eb : index
     %addr = arith.addi %base, %byte : index
     %addr_i64 = arith.index_cast %addr : index to i64
     %ptr = llvm.inttoptr %addr_i64 : i64 to !llvm.ptr<1>
-    %words = vector.bitcast %v : vector<${V}x${T}> to vector<4xi32>
+    %words = vector.bitcast %v : vector<${V}x${TYPE}> to vector<4xi32>
     %e0 = vector.extract %words[0] : i32 from vector<4xi32>
     %e1 = vector.extract %words[1] : i32 from vector<4xi32>
     %e2 = vector.extract %words[2] : i32 from vector<4xi32>

@@ -1,0 +1,79 @@
+"""The op layer without a GPU: the custom ops' schemas, their fake implementations (shapes,
+dtypes and the same argument checks as the real ones) on fake CUDA tensors, and the switch
+between eager launches and the custom ops."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from torch._subclasses.fake_tensor import FakeTensor, FakeTensorMode
+
+import normir
+from normir.ops import _rows
+
+pytestmark = pytest.mark.cpu
+
+
+@pytest.fixture
+def fake():
+    """Fake CUDA tensors (no GPU needed): make(shape, dtype) inside the fake mode."""
+    mode = FakeTensorMode()
+
+    def make(shape, dtype=torch.bfloat16):
+        return FakeTensor(mode, torch.empty(shape, dtype=dtype, device="meta"), torch.device("cuda", 0))
+
+    with mode:
+        yield make
+
+
+def test_ops_are_registered_with_their_schemas():
+    normir.rmsnorm  # noqa: B018  (binds the API, registering the ops)
+    assert str(torch.ops.normir.rmsnorm_fwd.default._schema) == (
+        "normir::rmsnorm_fwd(Tensor x, Tensor? weight, float eps, bool store_rstd) -> (Tensor, Tensor)")
+    assert str(torch.ops.normir.rmsnorm_bwd.default._schema) == (
+        "normir::rmsnorm_bwd(Tensor x, Tensor? weight, Tensor dy, Tensor rstd, bool atomic_dw) -> (Tensor, Tensor)")
+
+
+def test_fake_forward_shapes(fake):
+    x, w = fake((3, 5, 4096)), fake((4096,))
+    y, rstd = torch.ops.normir.rmsnorm_fwd(x, w, 1e-6, True)
+    assert (y.shape, y.dtype, y.device) == (x.shape, x.dtype, x.device)
+    assert (rstd.shape, rstd.dtype) == ((3, 5), torch.float32)
+    assert torch.ops.normir.rmsnorm_fwd(x, None, 1e-6, False)[1].shape == (0,)
+    y32, _ = torch.ops.normir.rmsnorm_fwd(x, fake((4096,), torch.float32), 1e-6, False)
+    assert y32.dtype == torch.bfloat16  # the output keeps x's dtype
+    # The public functions trace through the custom ops with fake tensors.
+    y, rstd = normir.rmsnorm_fwd(x, w, 1e-6, store_rstd=False)
+    assert y.shape == x.shape and rstd is None
+    assert normir.rmsnorm(x, w).shape == x.shape
+
+
+def test_fake_backward_shapes(fake):
+    x, w = fake((7, 1024), torch.float16), fake((1024,), torch.float32)
+    dx, dw = torch.ops.normir.rmsnorm_bwd(x, w, fake((7, 1024), torch.float16), fake((7,), torch.float32), False)
+    assert (dx.shape, dx.dtype) == (x.shape, x.dtype) and (dw.shape, dw.dtype) == ((1024,), torch.float32)
+    dx, dw = normir.rmsnorm_bwd(x, None, fake((7, 1024), torch.float16), fake((7,), torch.float32))
+    assert dx.shape == x.shape and dw is None
+
+
+def test_fake_implementations_run_the_checks(fake):
+    x = fake((4, 4096))
+    with pytest.raises(ValueError, match=r"weight has shape \(17,\); it must be \(4096,\)"):
+        torch.ops.normir.rmsnorm_fwd(x, fake((17,)), 1e-6, False)
+    with pytest.raises(TypeError, match=r"weight has dtype torch\.float16; it must match x"):
+        torch.ops.normir.rmsnorm_fwd(x, fake((4096,), torch.float16), 1e-6, False)
+    with pytest.raises(ValueError, match=r"eps=0\.0 must be a finite float"):
+        torch.ops.normir.rmsnorm_fwd(x, None, 0.0, False)
+    with pytest.raises(TypeError, match=r"x has dtype torch\.float64"):
+        torch.ops.normir.rmsnorm_fwd(fake((4, 8), torch.float64), None, 1e-6, False)
+    with pytest.raises(ValueError, match=r"dy must match x in shape"):
+        torch.ops.normir.rmsnorm_bwd(x, None, fake((4, 2048)), fake((4,), torch.float32), False)
+    with pytest.raises(ValueError, match=r"rstd must be the float32 tensor of shape x\.shape\[:-1\]"):
+        torch.ops.normir.rmsnorm_bwd(x, None, x, fake((5,), torch.float32), False)
+
+
+def test_eager_or_custom_op():
+    assert _rows.eager(torch.zeros(2))
+    mode = FakeTensorMode()
+    fake = FakeTensor(mode, torch.empty((2,), device="meta"), torch.device("cuda", 0))
+    assert not _rows.eager(fake)
