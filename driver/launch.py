@@ -102,7 +102,7 @@ def handle(kernel: str, device: int, n: int, dtype: str, wdtype: str, eps: float
             spec = KERNELS[kernel]
             h = runtime.LaunchHandle(drv, fn, binary.entry, opts.layout.block, spec.arg_names,
                                      tuple("p" if a.pointer else "q" for a in spec.args), opts.layout.cluster,
-                                     opts.layout.smem_bytes)
+                                     opts.layout.smem_bytes, device)
             hit = _handles[key] = (h, opts.layout)
     return hit
 

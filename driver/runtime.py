@@ -150,6 +150,8 @@ class Driver:
         return fn
 
 
+# CUDA_ERROR_INVALID_CONTEXT / hipErrorInvalidContext: no (valid) context current on the thread.
+_INVALID_CONTEXT = 201
 # The launch's `extra` parameter: a pointer to one packed argument buffer and its size.
 _BUFFER_POINTER, _BUFFER_SIZE = 1, 2
 # CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, hipFuncAttributeMaxDynamicSharedMemorySize.
@@ -178,10 +180,10 @@ class _ClusterAttribute(ctypes.Structure):
 
 @dataclass
 class LaunchHandle:
-    """A loaded kernel with its argument buffer, prepared once: a launch packs the arguments, by
-    name in the kernel's order (kernels.KernelSpec.args), into it with one struct call and hands
-    it over through the launch's `extra` parameter. An argument named `grid` (last) gets the
-    launch's grid size."""
+    """A loaded kernel with its argument buffer, prepared once: a launch packs the arguments in
+    the kernel's order (kernels.KernelSpec.args) into it with one struct call and hands it over
+    through the launch's `extra` parameter. An argument named `grid` (last) gets the launch's
+    grid size. launch_named() takes the arguments by name; launch() positionally, for hot paths."""
 
     driver: Driver
     fn: ctypes.c_void_p
@@ -191,6 +193,7 @@ class LaunchHandle:
     arg_kinds: tuple[str, ...]  # "p" pointer, "q" int64: all 8 bytes, so no padding
     cluster: int = 1  # blocks per thread-block cluster (the grid is a multiple of it)
     shared_bytes: int = 0  # dynamic shared memory per block
+    device: int = 0  # the device whose context the module was loaded into
 
     def __post_init__(self) -> None:
         if set(self.arg_kinds) - {"p", "q"} or len(self.arg_kinds) != len(self.arg_names):
@@ -233,16 +236,32 @@ class LaunchHandle:
         """How many clusters (or blocks, without clusters) run at once: a persistent grid's size."""
         return self.active_clusters or sm_count * self.blocks_per_sm
 
-    def launch(self, grid: int, stream: int, **values: int) -> None:
+    def launch_named(self, grid: int, stream: int, **values: int) -> None:
         """grid: blocks, a multiple of the cluster size; values: every argument by name (but grid)."""
-        if grid <= 0:
-            return
         try:
             args = self._values(values)
         except KeyError:
             args = None
         if args is None or len(values) != len(self._given):
             raise TypeError(f"{self.name} takes the arguments {sorted(self._given)}; given {sorted(values)}")
+        self.launch(grid, stream, *args)
+
+    def launch(self, grid: int, stream: int, *args: int) -> None:
+        """grid: blocks, a multiple of the cluster size; args: every argument but grid, in the
+        order of arg_names (the hot path: no names to look up)."""
+        if grid <= 0:
+            return
+        code = self._launch(grid, stream, args)
+        if code == _INVALID_CONTEXT:
+            # A thread with no current context (torch's autograd threads make none current
+            # until a runtime call of theirs needs one): make the device's current, once.
+            self.driver.make_current(self.device)
+            code = self._launch(grid, stream, args)
+        if code != 0:
+            raise DriverError(f"{self.driver.sym['launch']} ({self.name}, grid {grid}, block {self.block}) "
+                              f"failed with error {code}: {self.driver.error_string(code)}")
+
+    def _launch(self, grid: int, stream: int, args: tuple[int, ...]) -> int:
         with self._lock:  # another thread must not rewrite the buffer before the driver copies it
             if self._with_grid:
                 self._pack(self._mem, 0, *args, grid, grid)
@@ -251,13 +270,9 @@ class LaunchHandle:
             if self._call is not None:
                 if stream != self._stream:
                     self._config.stream = self._stream = stream
-                code = self._call(*self._call_args)
-            else:
-                code = self.driver._launch(self._fn, grid, 1, 1, self.block, 1, 1, self.shared_bytes, stream, None,
-                                           self._extra)
-        if code != 0:
-            raise DriverError(f"{self.driver.sym['launch']} ({self.name}, grid {grid}, block {self.block}) "
-                              f"failed with error {code}: {self.driver.error_string(code)}")
+                return self._call(*self._call_args)
+            return self.driver._launch(self._fn, grid, 1, 1, self.block, 1, 1, self.shared_bytes, stream, None,
+                                       self._extra)
 
 
 _drivers: dict[str, Driver] = {}

@@ -130,6 +130,8 @@ def specializations() -> list[dict]:
             plan += _bwd(n, dt, dt, cluster=c, atomic=True)
     plan += [_fwd(TRAIN_N, "bf16", "bf16"), _fwd(TRAIN_N, "bf16", "bf16", store_rstd=False)] + _bwd(TRAIN_N, "bf16", "bf16")
     plan += [_fwd(4096, "bf16", "bf16", store_rstd=False)]
+    # The custom-op tests (test_custom_op*): forwards without a weight and without rstd.
+    plan += [_fwd(n, "bf16", "bf16", has_weight=False, store_rstd=False) for n in (1024, 2880)]
     for n in BENCH_N:
         plan += [_fwd(n, "bf16", "bf16", store_rstd=False), _fwd(n, "bf16", "bf16")]
         plan += _bwd(n, "bf16", "bf16") + _bwd(n, "bf16", "bf16", atomic=True)

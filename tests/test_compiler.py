@@ -367,10 +367,13 @@ def test_cli_set_is_strict(capsys):
 
 
 def test_cli_unused_value_in_an_edited_file(tmp_path, capsys):
-    src = tmp_path / "norm_fwd.mlir"
-    src.write_text((MLIR_DIR / "norm_fwd.mlir").read_text().replace("${EPS}", "1.0e-06", 1))
-    assert "--eps was given, but the text uses no ${EPS}" in _err(["compile", str(src), "--eps", "1e-5"], capsys)
-    assert cli.main(["compile", str(src), "--emit", "input"]) == 0
+    # An edited math piece that no longer uses ${EPS}: --eps is an error, not silently ignored.
+    (tmp_path / "common").mkdir()
+    piece = (MLIR_DIR / "common" / "stats_rms.mlir").read_text().replace("${EPS}", "1.0e-06")
+    (tmp_path / "common" / "stats_rms.mlir").write_text(piece)
+    argv = ["compile", "rmsnorm_fwd", "--include", str(tmp_path), "--emit", "input"]
+    assert "--eps was given, but the text uses no ${EPS}" in _err(argv + ["--eps", "1e-5"], capsys)
+    assert cli.main(argv) == 0
 
 
 def test_cli_include_takes_pieces_first(tmp_path, capsys):

@@ -65,7 +65,11 @@ class FakeLib:
         return [args for n, args in self.calls if n == name]
 
     def code(self, name: str) -> int:
-        return self.codes.get(name, 0)
+        """The symbol's return code; a list gives one code per call (its last one thereafter)."""
+        c = self.codes.get(name, 0)
+        if isinstance(c, list):
+            return c.pop(0) if len(c) > 1 else c[0]
+        return c
 
     def _handle(self) -> int:
         self.next_handle += 0x10
@@ -297,8 +301,8 @@ def test_launch_passes_arguments_in_place():
     assert h.blocks_per_sm == 3
     occ = lib.called("cuOccupancyMaxActiveBlocksPerMultiprocessor")
     assert occ[0][2:] == (256, 0)
-    h.launch(7, 0xABC, a=0x7F0000001000, b=0, n=1 << 40)
-    h.launch(9, 0, n=5, b=0x7F0000003000, a=0x7F0000002000)  # by name, in the kernel's order
+    h.launch_named(7, 0xABC, a=0x7F0000001000, b=0, n=1 << 40)
+    h.launch_named(9, 0, n=5, b=0x7F0000003000, a=0x7F0000002000)  # by name, in the kernel's order
     first, second = lib.launches
     assert first["grid"] == (7, 1, 1) and first["block"] == (256, 1, 1) and first["shmem"] == 0
     assert first["stream"] == 0xABC and first["end"] == 0  # CU_LAUNCH_PARAM_END
@@ -308,22 +312,43 @@ def test_launch_passes_arguments_in_place():
     assert first["params"] == second["params"]  # one argument buffer, packed in place
 
 
+def test_launch_positional_in_the_kernel_order():
+    lib = FakeCuda()
+    h = _handle(lib, names=("a", "n", "grid"), kinds=("p", "q", "q"))
+    h.launch(6, 0, 16, 3)  # a, n: the hot path's form
+    h.launch_named(6, 0, n=3, a=16)
+    assert lib.launches[0]["values"] == lib.launches[1]["values"] == [16, 3, 6]
+
+
+def test_launch_without_a_current_context_makes_it_current_once():
+    # A thread with no current context (torch's autograd threads): the launch fails with
+    # CUDA_ERROR_INVALID_CONTEXT, the device's context is made current, and the launch retried.
+    lib = FakeCuda(cuLaunchKernel=[201, 0])
+    h = _handle(lib)
+    before = len(lib.called("cuCtxSetCurrent"))
+    h.launch(2, 0, 1, 2, 3)
+    assert len(lib.called("cuCtxSetCurrent")) == before + 1 and len(lib.launches) == 2
+    lib.codes["cuLaunchKernel"] = [201]  # still failing after that: reported
+    with pytest.raises(DriverError, match="failed with error 201"):
+        h.launch(2, 0, 1, 2, 3)
+
+
 def test_launch_negative_int64():
     lib = FakeCuda()
     h = _handle(lib, names=("n",), kinds=("q",))
-    h.launch(1, 0, n=-1)
+    h.launch_named(1, 0, n=-1)
     assert lib.launches[0]["values"] == [(1 << 64) - 1]
 
 
 def test_launch_fills_the_grid_argument_and_checks_names():
     lib = FakeCuda()
     h = _handle(lib, names=("a", "n", "grid"), kinds=("p", "q", "q"))
-    h.launch(6, 0, a=16, n=3)
+    h.launch_named(6, 0, a=16, n=3)
     assert lib.launches[0]["values"] == [16, 3, 6]
     with pytest.raises(TypeError, match=r"takes the arguments \['a', 'n'\]; given \['a'\]"):
-        h.launch(6, 0, a=16)
+        h.launch_named(6, 0, a=16)
     with pytest.raises(TypeError, match=r"given \['a', 'm', 'n'\]"):
-        h.launch(6, 0, a=16, n=3, m=1)
+        h.launch_named(6, 0, a=16, n=3, m=1)
     with pytest.raises(ValueError, match="the grid argument must come last"):
         _handle(lib, names=("grid", "a"), kinds=("q", "p"))
 
@@ -332,7 +357,7 @@ def test_launch_fills_the_grid_argument_and_checks_names():
 def test_launch_empty_grid_does_nothing(grid):
     lib = FakeCuda(cuLaunchKernel=700)
     h = _handle(lib)
-    h.launch(grid, 0, a=1, b=2, n=3)
+    h.launch_named(grid, 0, a=1, b=2, n=3)
     assert lib.called("cuLaunchKernel") == [] and lib.launches == []
 
 
@@ -340,7 +365,7 @@ def test_launch_error_carries_driver_message():
     lib = FakeCuda(cuLaunchKernel=700)
     h = _handle(lib)
     with pytest.raises(DriverError) as e:
-        h.launch(5, 0, a=1, b=2, n=3)
+        h.launch_named(5, 0, a=1, b=2, n=3)
     assert str(e.value) == ("cuLaunchKernel (rmsnorm_fwd, grid 5, block 256) failed with error 700: "
                             "an illegal memory access was encountered")
 
@@ -350,12 +375,12 @@ def test_cluster_launch_carries_the_cluster_dimension():
     d = Driver("cuda", lib=lib)
     h = LaunchHandle(d, d.function(0, "k", b"bin", "rmsnorm_bwd"), "rmsnorm_bwd", 512, ("a",), ("p",), cluster=4)
     assert h.active_clusters == 33 and h.resident(132) == 33  # clusters, not blocks
-    h.launch(8, 0, a=1)
+    h.launch_named(8, 0, a=1)
     assert lib.launches[0]["grid"] == (8, 1, 1)
     assert lib.launches[0]["attrs"] == [(4, 4, 1, 1)]  # CU_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION
     plain = _handle(lib)
     assert plain.resident(132) == 132 * 3
-    plain.launch(1, 0, a=1, b=2, n=3)
+    plain.launch_named(1, 0, a=1, b=2, n=3)
     assert lib.launches[1]["attrs"] == []
 
 
@@ -373,8 +398,8 @@ def test_dynamic_shared_memory(vendor, fake, setattr_name):
     # MAX_DYNAMIC_SHARED_SIZE_BYTES, for any amount (static shared memory counts toward 48 KB too)
     assert [args[1:] for args in lib.called(setattr_name)] == [(8, 24576), (8, 131072)]
     assert [args[3] for args in lib.called(occupancy)][-2:] == [24576, 131072]
-    small.launch(3, 0, a=1)
-    big.launch(3, 0, a=1)
+    small.launch_named(3, 0, a=1)
+    big.launch_named(3, 0, a=1)
     assert [launch["shmem"] for launch in lib.launches] == [24576, 131072]
 
 
@@ -414,13 +439,13 @@ def test_hip_paths():
     assert lib.called("hipSetDevice") == [(2,)]
     assert lib.called("hipDeviceGet") == []
     assert h.blocks_per_sm == 3
-    h.launch(4, 0x55, a=0x1000, n=8)
+    h.launch_named(4, 0x55, a=0x1000, n=8)
     assert lib.launches[0]["grid"] == (4, 1, 1) and lib.launches[0]["block"] == (1024, 1, 1)
     assert lib.launches[0]["values"] == [0x1000, 8]
     lib.codes["hipModuleLaunchKernel"] = 719
     with pytest.raises(DriverError, match=r"^hipModuleLaunchKernel \(rmsnorm_fwd, grid 4, block 1024\) failed with "
                                           r"error 719: hipErrorLaunchFailure$"):
-        h.launch(4, 0, a=0, n=0)
+        h.launch_named(4, 0, a=0, n=0)
 
 
 def test_hip_set_device_failure():

@@ -164,18 +164,26 @@ class Plan:
         return self.grid(m) // self.layout.cluster
 
 
+_plans: dict[tuple, Plan] = L.derived_cache({})
+
+
 def plan(kernel: str, dev: int, n: int, dtype: str, wdtype: str, eps: float, has_weight: bool, store_rstd: bool,
          vec: int, atomic_dw: bool = False) -> Plan:
-    h, lay = L.handle(kernel, dev, n, dtype, wdtype, eps, has_weight, store_rstd, vec, atomic_dw)
-    persistent = L.KERNELS[kernel].grid == "persistent"
-    return Plan(h, lay, persistent, h.resident(sm_count(dev)) if persistent else 0)
+    key = (kernel, dev, n, dtype, wdtype, eps, has_weight, store_rstd, vec, atomic_dw)
+    p = _plans.get(key)
+    if p is None:
+        h, lay = L.handle(*key)
+        persistent = L.KERNELS[kernel].grid == "persistent"
+        p = _plans[key] = Plan(h, lay, persistent, h.resident(sm_count(dev)) if persistent else 0)
+    return p
 
 
 def column_sums(kernel: str, dev: int, stream: int, part: torch.Tensor, parts: int, out: torch.Tensor) -> None:
     """out[j] = sum_p part[p, j] in a fixed order (bit-identical from run to run), cast to out's dtype."""
     n = out.shape[0]
     p = plan(kernel, dev, n, "f32", L.TORCH_DTYPES[out.dtype], BWD_KEY_EPS, True, False, L.vector_width(n, 4, (), ()))
-    p.handle.launch(-(-p.layout.nchunk // p.layout.tpr), stream, part=part.data_ptr(), out=out.data_ptr(), parts=parts)
+    p.handle.launch_named(-(-p.layout.nchunk // p.layout.tpr), stream, part=part.data_ptr(), out=out.data_ptr(),
+                          parts=parts)
 
 
 BWD_KEY_EPS = 1e-6  # kernels that do not use eps take one value: one binary per shape

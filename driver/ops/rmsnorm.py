@@ -16,17 +16,21 @@ from ._rows import BWD_KEY_EPS, check_eps, check_input, check_like, check_stat, 
 
 # ---------------------------------------------------------------------------- launches
 
+# A weight may be a plain tensor or a module's Parameter (a subclass that changes nothing here).
+_PLAIN = (torch.Tensor, torch.nn.Parameter)
+
 # Small calls are dominated by host time, so a call that looks like one already checked and
-# launched (same dtypes, N, weight shape and device, eps, store_rstd; contiguous, 16-byte aligned)
-# skips the checks and the plan lookup: every property they depend on is in the key.
-_FWD_SEEN: dict[tuple, R.Plan] = L.derived_cache({})
+# launched (same dtypes, N, weight shape and device, eps, flags; contiguous, 16-byte aligned)
+# skips the checks and the plan lookup: every property they depend on is in the key. Each tensor
+# attribute read costs 0.1-0.2 us, so each is read once, the cheapest tests first.
+_FWD_SEEN: dict[tuple, tuple] = L.derived_cache({})
+_BWD_SEEN: dict[tuple, tuple] = L.derived_cache({})
 
 
-def _fwd(x: torch.Tensor, weight: torch.Tensor | None, eps: float, store_rstd: bool) -> tuple[torch.Tensor, torch.Tensor]:
-    """The forward on real tensors: (y, rstd), rstd empty unless store_rstd."""
-    # The fast path (inline: a Python call costs ~0.1 us). Each tensor attribute read costs
-    # 0.1-0.2 us, so each is read once, the cheapest tests first.
-    if type(eps) is float and type(store_rstd) is bool and x.dim() and (weight is None or type(weight) is torch.Tensor):
+def _fwd(x: torch.Tensor, weight: torch.Tensor | None, eps: float,
+         store_rstd: bool) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """The forward on real tensors: (y, rstd), rstd None unless store_rstd."""
+    if type(eps) is float and type(store_rstd) is bool and x.dim() and (weight is None or type(weight) in _PLAIN):
         dev = x.get_device()
         n = x.shape[-1]
         if weight is None:
@@ -35,22 +39,23 @@ def _fwd(x: torch.Tensor, weight: torch.Tensor | None, eps: float, store_rstd: b
             key = (x.dtype, n, dev, eps, store_rstd, weight.dtype, weight.shape, weight.get_device())
         hit = _FWD_SEEN.get(key)
         if hit is not None and x.is_contiguous() and (weight is None or weight.is_contiguous()):
+            h, rows, cluster = hit
             y = torch.empty_like(x)
             xp, yp = x.data_ptr(), y.data_ptr()
             wp = weight.data_ptr() if weight is not None else 0
             if not (xp | yp | wp) & 15:  # else an unaligned tensor: the general path narrows the vector
                 m = x.numel() // n
-                rstd = R.stat_out(x, store_rstd)
+                rstd = torch.empty(x.shape[:-1], dtype=torch.float32, device=x.device) if store_rstd else None
                 if m:
-                    grid = hit.grid(m)
+                    grid = -(-m // rows) * cluster
                     rp = rstd.data_ptr() if store_rstd else 0
+                    # Positional, in the order of KERNELS["rmsnorm_fwd"].args (x, w, y, rstd, rows,
+                    # x_stride, y_stride): no names to look up on this path.
                     if R.current_device() == dev:
-                        hit.handle.launch(grid, R.raw_stream(dev), x=xp, w=wp, y=yp, rstd=rp, rows=m, x_stride=n,
-                                          y_stride=n)
+                        h.launch(grid, R.raw_stream(dev), xp, wp, yp, rp, m, n, n)
                     else:
                         with R.on_device(dev):
-                            hit.handle.launch(grid, L.stream(dev), x=xp, w=wp, y=yp, rstd=rp, rows=m, x_stride=n,
-                                              y_stride=n)
+                            h.launch(grid, L.stream(dev), xp, wp, yp, rp, m, n, n)
                 return y, rstd
     eps = check_eps(eps)
     dt = check_input(x, "x")
@@ -60,17 +65,18 @@ def _fwd(x: torch.Tensor, weight: torch.Tensor | None, eps: float, store_rstd: b
     m = x2.numel() // n
     # empty_like is the cheapest allocation call (about 4 us less than torch.empty(shape, ...)).
     y = torch.empty_like(x) if x2 is x else torch.empty(x.shape, dtype=x.dtype, device=x.device)
-    rstd = R.stat_out(x, store_rstd)
+    rstd = torch.empty(x.shape[:-1], dtype=torch.float32, device=x.device) if store_rstd else None
     if m:
         dev = x.get_device()
         vec = R.vector_width(n, (x2, y, w), (xs,))
         wdt = L.TORCH_DTYPES[w.dtype] if w is not None else dt
         p = R.plan("rmsnorm_fwd", dev, n, dt, wdt, eps, w is not None, store_rstd, vec)
         if vec * x.element_size() == 16 and x2 is x:
-            _FWD_SEEN[_fwd_key(x, weight, eps, store_rstd)] = p
+            _FWD_SEEN[_fwd_key(x, weight, eps, store_rstd)] = (p.handle, p.layout.rows, p.layout.cluster)
         with R.on_device(dev):
-            p.handle.launch(p.grid(m), L.stream(dev), x=x2.data_ptr(), w=w.data_ptr() if w is not None else 0,
-                            y=y.data_ptr(), rstd=rstd.data_ptr() if store_rstd else 0, rows=m, x_stride=xs, y_stride=n)
+            p.handle.launch_named(p.grid(m), L.stream(dev), x=x2.data_ptr(), w=w.data_ptr() if w is not None else 0,
+                                  y=y.data_ptr(), rstd=rstd.data_ptr() if store_rstd else 0, rows=m, x_stride=xs,
+                                  y_stride=n)
     return y, rstd
 
 
@@ -90,18 +96,35 @@ def _bwd_checks(x, weight, dy, rstd):
 
 
 def _bwd(x: torch.Tensor, weight: torch.Tensor | None, dy: torch.Tensor, rstd: torch.Tensor,
-         atomic_dw: bool) -> tuple[torch.Tensor, torch.Tensor]:
-    """The backward on real tensors: (dx, dw), dw empty without a weight."""
+         atomic_dw: bool) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """The backward on real tensors: (dx, dw), dw None without a weight."""
+    if type(dy) is torch.Tensor and type(rstd) is torch.Tensor and type(atomic_dw) is bool and x.dim() and (
+            weight is None or type(weight) in _PLAIN):
+        dev = x.get_device()
+        n = x.shape[-1]
+        if weight is None:
+            key = (x.dtype, n, dev, atomic_dw, None, None, None)
+        else:
+            key = (x.dtype, n, dev, atomic_dw, weight.dtype, weight.shape, weight.get_device())
+        hit = _BWD_SEEN.get(key)
+        if hit is not None and dy.dtype is x.dtype and dy.shape == x.shape and dy.get_device() == dev \
+                and rstd.dtype is torch.float32 and rstd.get_device() == dev and x.is_contiguous() \
+                and dy.is_contiguous() and rstd.is_contiguous() and (weight is None or weight.is_contiguous()):
+            m = x.numel() // n
+            dx = torch.empty_like(x)
+            xp, dyp, dxp = x.data_ptr(), dy.data_ptr(), dx.data_ptr()
+            wp = weight.data_ptr() if weight is not None else 0
+            if m and rstd.numel() == m and not (xp | dyp | dxp | wp) & 15:
+                with R.on_device(dev):
+                    return dx, _bwd_launch(hit, dev, x, weight, atomic_dw, m, n, xp, wp, dyp, rstd.data_ptr(), dxp, n, n)
     dt, n, w = _bwd_checks(x, weight, dy, rstd)
     x2, xs = rows_of(x)
     dy2, dys = rows_of(dy)
-    rstd = rstd.contiguous().view(-1)
+    rstd = rstd.contiguous()
     m = x2.numel() // n
     dx = torch.empty(x.shape, dtype=x.dtype, device=x.device)
-    dw = torch.empty((n,) if w is not None else (0,), dtype=w.dtype if w is not None else x.dtype, device=x.device)
     if m == 0:
-        dw.zero_()
-        return dx, dw
+        return dx, (torch.zeros_like(w) if w is not None else None)
     dev = x.get_device()
     vec = R.vector_width(n, (x2, dy2, dx, w), (xs, dys))
     wdt = L.TORCH_DTYPES[w.dtype] if w is not None else dt
@@ -110,20 +133,33 @@ def _bwd(x: torch.Tensor, weight: torch.Tensor | None, dy: torch.Tensor, rstd: t
         if atomic_dw and not p.layout.dw_regs:
             raise ValueError(f"atomic_dw=True needs the dw sums in registers; N={n} in {x.dtype} keeps "
                              "them in memory: use the default atomic_dw=False")
-        stream = L.stream(dev)
-        if w is None:
-            part, parts = None, 0
-        elif atomic_dw:
-            part, parts = torch.zeros((1, n), dtype=torch.float32, device=x.device), 1
-        else:
-            parts = p.clusters(m) * p.layout.rows
-            part = torch.empty((parts, n), dtype=torch.float32, device=x.device)
-        p.handle.launch(p.grid(m), stream, x=x2.data_ptr(), w=w.data_ptr() if w is not None else 0, dy=dy2.data_ptr(),
-                        rstd=rstd.data_ptr(), dx=dx.data_ptr(), dw_part=part.data_ptr() if part is not None else 0,
-                        rows=m, x_stride=xs, dy_stride=dys, dx_stride=n)
-        if w is not None:
-            R.column_sums("rmsnorm_dw_reduce", dev, stream, part, parts, dw)
-    return dx, dw
+        if vec * x.element_size() == 16 and x2 is x and dy2 is dy and w is weight:
+            _BWD_SEEN[(x.dtype, n, dev, atomic_dw) + ((None,) * 3 if w is None else
+                                                      (w.dtype, w.shape, w.get_device()))] = p
+        return dx, _bwd_launch(p, dev, x, w, atomic_dw, m, n, x2.data_ptr(), w.data_ptr() if w is not None else 0,
+                               dy2.data_ptr(), rstd.data_ptr(), dx.data_ptr(), xs, dys)
+
+
+def _bwd_launch(p: R.Plan, dev: int, x: torch.Tensor, w: torch.Tensor | None, atomic_dw: bool, m: int, n: int,
+                xp: int, wp: int, dyp: int, rp: int, dxp: int, xs: int, dys: int) -> torch.Tensor | None:
+    """Launch the backward (and the column sums of dw) on the current device; returns dw."""
+    stream = L.stream(dev)
+    grid = p.grid(m)
+    if w is None:
+        part = parts = 0
+    elif atomic_dw:
+        part, parts = torch.zeros((1, n), dtype=torch.float32, device=x.device), 1
+    else:
+        parts = p.clusters(m) * p.layout.rows
+        part = torch.empty((parts, n), dtype=torch.float32, device=x.device)
+    # Positional, in the order of KERNELS["rmsnorm_bwd"].args (x, w, dy, rstd, dx, dw_part, rows,
+    # x_stride, dy_stride, dx_stride).
+    p.handle.launch(grid, stream, xp, wp, dyp, rp, dxp, part.data_ptr() if w is not None else 0, m, xs, dys, n)
+    if w is None:
+        return None
+    dw = torch.empty_like(w)
+    R.column_sums("rmsnorm_dw_reduce", dev, stream, part, parts, dw)
+    return dw
 
 
 # ---------------------------------------------------------------------------- custom ops
@@ -132,7 +168,8 @@ def _bwd(x: torch.Tensor, weight: torch.Tensor | None, dy: torch.Tensor, rstd: t
 @torch.library.custom_op("normir::rmsnorm_fwd", mutates_args=())
 def _fwd_op(x: torch.Tensor, weight: torch.Tensor | None, eps: float, store_rstd: bool) -> tuple[torch.Tensor, torch.Tensor]:
     """(y, rstd); rstd has shape x.shape[:-1] when store_rstd, else (0,)."""
-    return _fwd(x, weight, eps, store_rstd)
+    y, rstd = _fwd(x, weight, eps, store_rstd)
+    return y, (rstd if rstd is not None else R.stat_out(x, False))
 
 
 @_fwd_op.register_fake
@@ -147,7 +184,8 @@ def _(x, weight, eps, store_rstd):
 def _bwd_op(x: torch.Tensor, weight: torch.Tensor | None, dy: torch.Tensor, rstd: torch.Tensor,
             atomic_dw: bool) -> tuple[torch.Tensor, torch.Tensor]:
     """(dx, dw); dw has the weight's shape and dtype, or shape (0,) without a weight."""
-    return _bwd(x, weight, dy, rstd, atomic_dw)
+    dx, dw = _bwd(x, weight, dy, rstd, atomic_dw)
+    return dx, (dw if dw is not None else x.new_empty((0,)))
 
 
 @_bwd_op.register_fake
@@ -187,10 +225,9 @@ def rmsnorm_fwd(x: torch.Tensor, weight: torch.Tensor | None = None, eps: float 
     Returns (y, rstd): y has x's shape and dtype; rstd (float32, shape x.shape[:-1]) only when
     store_rstd, else None. weight: None, or (N,) in x's dtype or float32. x is not modified.
     """
-    if R.eager(x):
-        y, rstd = _fwd(x, weight, eps, store_rstd)
-    else:
-        y, rstd = torch.ops.normir.rmsnorm_fwd(x, weight, eps, store_rstd)
+    if R.eager(x):  # launch directly
+        return _fwd(x, weight, eps, store_rstd)
+    y, rstd = torch.ops.normir.rmsnorm_fwd(x, weight, eps, store_rstd)
     return y, (rstd if store_rstd else None)
 
 
@@ -203,9 +240,8 @@ def rmsnorm_bwd(x: torch.Tensor, weight: torch.Tensor | None, dy: torch.Tensor, 
     bit-reproducible; offered for comparison) and needs a row that fits the register mode.
     """
     if R.eager(x):
-        dx, dw = _bwd(x, weight, dy, rstd, atomic_dw)
-    else:
-        dx, dw = torch.ops.normir.rmsnorm_bwd(x, weight, dy, rstd, atomic_dw)
+        return _bwd(x, weight, dy, rstd, atomic_dw)
+    dx, dw = torch.ops.normir.rmsnorm_bwd(x, weight, dy, rstd, atomic_dw)
     return dx, (dw if weight is not None else None)
 
 
