@@ -38,7 +38,7 @@ MAX_STAGE_BYTES = 200 * 1024  # STAGE buffers past this leave too little shared 
 STAGE_POLICY_BYTES = 100 * 1024
 FWD_STREAM_CHUNKS = (128, 4096)  # rows a one-pass kernel reads twice with L2 hints (_streamed)
 MAX_MIN_BLOCKS = 32  # NVVM's .minnctapersm: at most the resident blocks of a multiprocessor
-# Options.hints bits (see mlir/common/cache_hint_nvvm.mlir): a row's last read asks L2 to evict
+# Options.hints bits (see mlir/common/hint_io_nvvm.mlir): a row's last read asks L2 to evict
 # its lines first; stores do; a first read that pass 2 repeats asks L2 to keep them; loads ask L1
 # to keep their lines (.L1::evict_last); a row's last reads ask L1 to evict first (.L1::evict_first).
 HINT_LAST_READ, HINT_STORES, HINT_KEEP, HINT_L1_KEEP, HINT_L1_FIRST = 1, 2, 4, 16, 32

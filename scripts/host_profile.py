@@ -23,7 +23,7 @@ def main() -> None:
     h = p.handle
     s = L.stream(0)
     args = dict(x=x.data_ptr(), w=w.data_ptr(), y=y.data_ptr(), rstd=0, rows=1, x_stride=4096, y_stride=4096)
-    h.launch(1, s, **args)  # fills the buffer: grid 1 on this stream
+    h.launch_named(1, s, **args)  # fills the buffer: grid 1 on this stream
     vp = ctypes.c_void_p
     ex_typed = ctypes.PyDLL(h.driver.lib._name).cuLaunchKernelEx
     ex_typed.argtypes, ex_typed.restype = [vp, vp, vp, vp], ctypes.c_int
@@ -34,7 +34,8 @@ def main() -> None:
     rows = {
         "ctypes call, argtypes": lambda: ex_typed(cfg_addr, fn_addr, None, h._extra),
         "ctypes call, objects": lambda: h._call(*h._call_args),
-        "launch only": lambda: h.launch(1, s, **args),
+        "launch only": lambda: h.launch(1, s, *args.values()),
+        "launch by name": lambda: h.launch_named(1, s, **args),
         "torch.empty_like": lambda: torch.empty_like(x),
         "torch.empty((0,))": lambda: torch.empty((0,), dtype=torch.float32, device=x.device),
         "x.device": lambda: x.device,

@@ -10,7 +10,7 @@ DTYPE_NAMES = ("f32", "f16", "bf16")
 # N: 1 and 100 -> several rows per block with narrow vectors (vec 1 / 4); 1024, 2048 -> rows
 # that fit one warp or a few; 2880, 5120 -> tail chunks (N not a multiple of threads x 8);
 # 8192 -> one multi-warp row per block; 65536 -> the longest register rows (bf16) or the
-# re-reading path (f32); see specialize.row_layout.
+# re-reading path (f32); see layout.row_layout.
 FWD_N = (1, 100, 1024, 2048, 2880, 5120, 8192, 16384, 65536)
 FWD_M = (1, 199, 4096)
 EPS = (1e-6, 1e-5, 1e-2)
@@ -47,7 +47,7 @@ FORCED_CASES = (
     (32768, "bf16", {"cluster": 2}, {}),  # the forward over 2 blocks (pushes)
     (65536, "f16", {"cluster": 4}, {"overlap": 4}),  # 4 blocks, all of pass 2 inside the exchange
 )
-# (N, dtype) for the backward without a weight, whose policy differs (specialize._bwd_cache_row):
+# (N, dtype) for the backward without a weight, whose policy differs (layout._cache_row):
 # the row held in registers, staged through shared memory, every chunk loaded inside the barrier,
 # and the cache hints of held rows neither staged nor split (2048, 2880, 4096).
 NO_WEIGHT_CASES = ((2048, "bf16"), (4096, "bf16"), (4096, "f16"), (2880, "f32"), (16384, "bf16"), (32768, "bf16"),

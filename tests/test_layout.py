@@ -299,7 +299,7 @@ def test_forced_tpr(kernel, target):
     for n in (1, 100, 2880, 4096, 65536):
         for tpr in (1, 8, warp // 2, warp, 3 * warp, 1024):
             nchunk = n // S.max_vec(n, 2)
-            if tpr > nchunk:  # threads without a chunk: refused (see specialize._forced)
+            if tpr > nchunk:  # threads without a chunk: refused (see layout._forced)
                 with pytest.raises(ValueError, match=rf"^tpr={tpr} leaves threads without a chunk: .* {nchunk} chunks"):
                     Options(kernel=kernel, n=n, target=target, tpr=tpr)
                 continue
