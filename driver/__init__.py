@@ -6,17 +6,19 @@ the compiler modules load without torch, and nothing here imports the MLIR bindi
 
 __version__ = "0.1.0"
 
-__all__ = ["RMSNorm", "rmsnorm", "rmsnorm_bwd", "rmsnorm_fwd", "__version__"]
+__all__ = ["FusedAddRMSNorm", "RMSNorm", "fused_add_rmsnorm", "fused_add_rmsnorm_bwd", "fused_add_rmsnorm_fwd", "rmsnorm",
+           "rmsnorm_bwd", "rmsnorm_fwd", "__version__"]
 
 
 def __getattr__(name: str):
     if name in __all__:
+        from .ops import fused_add_rmsnorm as _fused
         from .ops import rmsnorm as _rmsnorm
 
         # Bind all of them here: later `normir.rmsnorm_fwd` lookups are plain module attributes
         # (this hook costs about 1 us a call, a small call's whole budget).
         for public in __all__:
             if public != "__version__":
-                globals()[public] = getattr(_rmsnorm, public)
+                globals()[public] = getattr(_rmsnorm if hasattr(_rmsnorm, public) else _fused, public)
         return globals()[name]
     raise AttributeError(f"module 'normir' has no attribute {name!r}")

@@ -40,10 +40,14 @@ _LAYOUT_FLAGS = ("tpr", "cluster", "l2_prefetch", "stage", "min_blocks", "hints"
                  "batch_reload")
 
 
+# ... and the fused ops' features (kernels.KernelSpec.features), under the same rule.
+_FEATURE_FLAGS = ("rdtype", "sdtype", "odtype", "xdtype", "bdtype", "store_residual", "has_dres_out", "weight_offset")
+
+
 def _options_from_args(a: argparse.Namespace, kernel: str) -> Options:
     return Options(kernel=kernel, n=a.n, dtype=a.dtype, wdtype=a.wdtype or a.dtype, eps=a.eps, target=a.target,
                    has_weight=not a.no_weight, store_rstd=a.store_rstd, vec=a.vec, atomic_dw=a.atomic_dw,
-                   **{f: getattr(a, f) for f in _LAYOUT_FLAGS})
+                   **{f: getattr(a, f) for f in _LAYOUT_FLAGS + _FEATURE_FLAGS})
 
 
 def find_checkout(start: Path) -> Path | None:
@@ -102,14 +106,14 @@ def _given_flags(argv: list[str]) -> set[str]:
 
 
 def _kernel_of(src: Path) -> str:
-    """The kernel a file is: its stem when that names a kernel, else the one kernel whose template
-    has this file's name (a template several kernels share needs --kernel)."""
+    """The kernel a file is: its stem when that names a kernel, else the kernel whose template has
+    this file's name; of several, the plain one (fewest features: --kernel picks another)."""
     if src.stem in KERNELS:
         return src.stem
-    users = [k for k, spec in KERNELS.items() if Path(spec.template.path).name == src.name]
-    if len(users) > 1:
-        raise UsageError(f"{src} is the template of {', '.join(users)}: pass --kernel")
-    return users[0] if users else src.stem
+    users = sorted((len(spec.features), k) for k, spec in KERNELS.items() if Path(spec.template.path).name == src.name)
+    if len(users) > 1 and users[0][0] == users[1][0]:
+        raise UsageError(f"{src} is the template of {', '.join(k for _, k in users)}: pass --kernel")
+    return users[0][1] if users else src.stem
 
 
 def cmd_compile(a: argparse.Namespace) -> int:
@@ -330,6 +334,15 @@ def _parser() -> argparse.ArgumentParser:
     c.add_argument("--no-weight", action="store_true", help="no weight")
     c.add_argument("--store-rstd", action="store_true", help="the forward stores rstd")
     c.add_argument("--atomic-dw", action="store_true", help="the backward adds dw with fp32 atomics")
+    feature = "(a kernel that takes it: see normir.kernels)"
+    c.add_argument("--rdtype", default="", help=f"forward: the residual's type; backward: dresidual's own {feature}")
+    c.add_argument("--sdtype", default="", help=f"forward: residual_out's type (default: --rdtype) {feature}")
+    c.add_argument("--odtype", default="", help=f"forward: y's type; backward: dy's (default: --dtype) {feature}")
+    c.add_argument("--xdtype", default="", help=f"backward: dx's type (default: --dtype) {feature}")
+    c.add_argument("--bdtype", default="", help=f"the bias's type (default: no bias) {feature}")
+    c.add_argument("--store-residual", action="store_true", help=f"forward: write residual_out {feature}")
+    c.add_argument("--has-dres-out", action="store_true", help=f"backward: add d_residual_out to dx {feature}")
+    c.add_argument("--weight-offset", type=float, default=0.0, help=f"scale by (w + offset) {feature}")
     c.add_argument("--tpr", type=int, default=0, help="threads per row (0: the layout policy's)")
     c.add_argument("--cluster", type=int, default=0, help="blocks per row, a thread-block cluster (sm_90+; 0: the policy's)")
     c.add_argument("--l2-prefetch", type=int, default=-1, choices=(-1, 0, 1),

@@ -49,20 +49,26 @@ class RowWork:
     """What a row kernel moves and keeps per element of a row: the layout policy's input.
     Tensors are named by their element-type placeholder (T: x's type; WT: the weight's)."""
 
-    reads: tuple[str, ...]  # row tensors pass 1 reads, held between the passes or read again in pass 2
-    writes: tuple[str, ...]  # row tensors pass 2 writes
-    weights: tuple[str, ...]  # per-column tensors pass 2 reads (the weight), when the op has them
-    col_sums: int = 0  # fp32 per-column sums a block keeps across the rows it takes (dw: 1), with a weight
+    reads: tuple[str, ...]  # row tensors pass 1 reads, read again in pass 2 unless held
+    writes: tuple[str, ...]  # row tensors the kernel writes
+    col_sums: int = 0  # fp32 per-column sums a block keeps across the rows it takes (dw)
+    bias_sums: bool = False  # and one more (db) when the op has a bias
     sums: int = 1  # fp32 sums per row through the block reduction and the cluster exchange
+    held: tuple[str, ...] | None = None  # the rows held in registers between the passes (None: reads)
+
+    @property
+    def held_rows(self) -> tuple[str, ...]:
+        return self.reads if self.held is None else self.held
 
 
 @dataclass(frozen=True)
 class Template:
-    """A kernel template and every tensor its body may use; a kernel passes a subset, and the
-    others are bound to ub.poison inside (only flag-guarded code, which folds away, uses them)."""
+    """A kernel template and every argument its body may use; a kernel passes a subset, and the
+    others are bound inside: tensors to ub.poison, scalars to 0 (only flag-guarded code, which
+    folds away, uses them)."""
 
     path: str  # below mlir/
-    tensors: tuple[Arg, ...]
+    args: tuple[Arg, ...]
 
 
 @dataclass(frozen=True)
@@ -74,45 +80,82 @@ class KernelSpec:
     grid: str  # "rows": a block (cluster) per row group; "persistent": at most as many as run at once; "cols"
     work: RowWork | None  # None: not a row kernel (the column sums), with a fixed layout
     flags: dict[str, str] = field(default_factory=dict)  # placeholder values fixed by the op
+    # The optional features the kernel takes (Options fields that may differ from their defaults):
+    # residual, store_residual, bias, weight_offset, odtype (y's / dy's own type), xdtype (dx's),
+    # dres (a dresidual of its own type), dres_out (reads d_residual_out).
+    features: frozenset[str] = frozenset()
 
     @property
     def arg_names(self) -> tuple[str, ...]:
         return tuple(a.name for a in self.args)
 
     def absent(self) -> tuple[Arg, ...]:
-        """The template's tensors this kernel does not pass."""
+        """The template's arguments this kernel does not pass."""
         names = set(self.arg_names)
-        return tuple(t for t in self.template.tensors if t.name not in names)
+        return tuple(t for t in self.template.args if t.name not in names)
 
 
-X, W, DY = Arg("x", "in", "T"), Arg("w", "in", "WT"), Arg("dy", "in", "T")
+# Type placeholders: T (x: the normalized row's input), RT (the residual), HT (the row held and
+# normalized: residual_out's type with a residual, else T), YT (y), WT (the weight), BT (the bias);
+# in the backward T is the normalized row's (x, or residual_out), YT dy's, XT dx's, RT dresidual's.
+X, W, B = Arg("x", "in", "T"), Arg("w", "in", "WT"), Arg("b", "in", "BT")
+RSTD_OUT, RSTD_IN = Arg("rstd", "out", "f32", "stat"), Arg("rstd", "in", "f32", "stat")
 
-NORM_FWD = Template("norm_fwd.mlir", (X, W, Arg("y", "out", "T"), Arg("rstd", "out", "f32", "stat")))
-NORM_BWD = Template("norm_bwd.mlir", (X, W, DY, Arg("rstd", "in", "f32", "stat"), Arg("dx", "out", "T"),
-                                      Arg("dw_part", "inout", "f32")))
-COL_SUM = Template("col_sum.mlir", (Arg("part", "in", "f32"), Arg("out", "out", "WT")))
+NORM_FWD = Template("norm_fwd.mlir", (
+    X, Arg("residual", "in", "RT"), W, B, Arg("y", "out", "YT"), Arg("residual_out", "out", "HT"), RSTD_OUT,
+    *index("rows", "x_stride", "residual_stride", "y_stride", "residual_out_stride", "grid")))
+NORM_BWD = Template("norm_bwd.mlir", (
+    X, W, Arg("dy", "in", "YT"), RSTD_IN, Arg("dres_out", "in", "T"), Arg("dx", "out", "XT"),
+    Arg("dres", "out", "RT"), Arg("dw_part", "inout", "f32"), Arg("db_part", "inout", "f32"),
+    *index("rows", "x_stride", "dy_stride", "dres_out_stride", "dx_stride", "dres_stride", "grid")))
+COL_SUM = Template("col_sum.mlir", (Arg("part", "in", "f32"), Arg("out", "out", "WT"), *index("parts")))
+
+
+def args(t: Template, *names: str) -> tuple[Arg, ...]:
+    """A kernel's arguments: the named ones of its template, in the template's order."""
+    unknown = set(names) - {a.name for a in t.args}
+    assert not unknown, unknown
+    return tuple(a for a in t.args if a.name in names)
+
 
 RMS = {"STATS_PIECE": "common/stats_rms.mlir"}
+FUSED_FWD = frozenset({"residual", "store_residual", "bias", "weight_offset", "odtype"})
+FUSED_BWD = frozenset({"bias", "weight_offset", "odtype", "xdtype", "dres", "dres_out"})
 
 KERNELS: dict[str, KernelSpec] = {
     k.name: k
     for k in (
         KernelSpec(
             name="rmsnorm_fwd", template=NORM_FWD, entry="rmsnorm_fwd",
-            args=NORM_FWD.tensors + index("rows", "x_stride", "y_stride", "grid"),
-            grid="rows", work=RowWork(reads=("T",), writes=("T",), weights=("WT",)), flags=RMS,
+            args=args(NORM_FWD, "x", "w", "y", "rstd", "rows", "x_stride", "y_stride", "grid"),
+            grid="rows", work=RowWork(reads=("T",), writes=("T",)), flags=RMS,
+        ),
+        KernelSpec(
+            # h = x + residual (fp32, rounded to residual_out's type HT), y = rmsnorm(h) * (w +
+            # weight_offset) + b, residual_out = h: every feature a flag of the forward skeleton.
+            name="fused_add_rmsnorm_fwd", template=NORM_FWD, entry="fused_add_rmsnorm_fwd",
+            args=NORM_FWD.args, grid="rows", flags=RMS, features=FUSED_FWD,
+            work=RowWork(reads=("T", "RT"), held=("HT",), writes=("YT", "HT")),
         ),
         KernelSpec(
             name="rmsnorm_bwd", template=NORM_BWD, entry="rmsnorm_bwd",
-            args=NORM_BWD.tensors + index("rows", "x_stride", "dy_stride", "dx_stride", "grid"),
-            grid="persistent", work=RowWork(reads=("T", "T"), writes=("T",), weights=("WT",), col_sums=1),
+            args=args(NORM_BWD, "x", "w", "dy", "rstd", "dx", "dw_part", "rows", "x_stride", "dy_stride",
+                      "dx_stride", "grid"),
+            grid="persistent", work=RowWork(reads=("T", "YT"), writes=("XT",), col_sums=1),
             flags=RMS,
         ),
         KernelSpec(
-            # Fixed-order column sums of fp32 partial rows (dw), cast to the weight's type. Its
-            # dtype is the partials' (f32), wdtype the weight's.
+            # dh = (dy * w' - h_hat * c1) * rstd (+ d_residual_out), written as dx and, in a type of
+            # its own, dresidual; dw (and db) as column sums. x here is the row normalized (h).
+            name="fused_add_rmsnorm_bwd", template=NORM_BWD, entry="fused_add_rmsnorm_bwd",
+            args=NORM_BWD.args, grid="persistent", flags=RMS, features=FUSED_BWD,
+            work=RowWork(reads=("T", "YT"), writes=("XT", "RT"), col_sums=1, bias_sums=True),
+        ),
+        KernelSpec(
+            # Fixed-order column sums of fp32 partial rows (dw, db), cast to the weight's type. Its
+            # dtype is the partials' (f32), wdtype the output's.
             name="rmsnorm_dw_reduce", template=COL_SUM, entry="rmsnorm_dw_reduce",
-            args=COL_SUM.tensors + index("parts"), grid="cols", work=None,
+            args=COL_SUM.args, grid="cols", work=None,
         ),
     )
 }

@@ -83,8 +83,11 @@ def clear_handles() -> None:
 
 
 def handle(kernel: str, device: int, n: int, dtype: str, wdtype: str, eps: float, has_weight: bool,
-           store_rstd: bool, vec: int, atomic_dw: bool = False) -> tuple[runtime.LaunchHandle, Layout]:
-    key = (kernel, device, n, dtype, wdtype, eps, has_weight, store_rstd, vec, atomic_dw)
+           store_rstd: bool, vec: int, atomic_dw: bool = False, extra: tuple[tuple[str, object], ...] = ()
+           ) -> tuple[runtime.LaunchHandle, Layout]:
+    """The loaded kernel and its layout for a problem; extra: more Options fields as (name, value)
+    pairs (the fused ops' dtypes and flags)."""
+    key = (kernel, device, n, dtype, wdtype, eps, has_weight, store_rstd, vec, atomic_dw, extra)
     hit = _handles.get(key)
     if hit is not None:
         return hit
@@ -95,7 +98,7 @@ def handle(kernel: str, device: int, n: int, dtype: str, wdtype: str, eps: float
             vec = min(vec, over.pop("vec", 0) or vec)  # a narrower vector than the pointers allow
             opts = Options(kernel=kernel, n=n, dtype=dtype, wdtype=wdtype, eps=eps,
                            target=device_target(device), has_weight=has_weight,
-                           store_rstd=store_rstd, vec=vec, atomic_dw=atomic_dw, **over)
+                           store_rstd=store_rstd, vec=vec, atomic_dw=atomic_dw, **dict(extra), **over)
             binary = library.get_binary(opts)
             drv = runtime.driver(vendor())
             fn = drv.function(device, binary.key, binary.data, binary.entry)

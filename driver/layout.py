@@ -106,18 +106,31 @@ def held(dtype: str) -> int:
     return 2 if dtype == "bf16" else 4
 
 
-def _types(opts: Options) -> dict[str, str]:
-    return {"T": opts.dtype, "WT": opts.wdtype, "f32": "f32"}
+def types(opts: Options) -> dict[str, str]:
+    """The element type of each type placeholder (see kernels.py) for a problem."""
+    return {"T": opts.dtype, "WT": opts.wdtype, "RT": opts.rdtype or opts.dtype, "HT": opts.held_dtype,
+            "YT": opts.odtype or opts.dtype, "XT": opts.xdtype or opts.dtype, "BT": opts.bdtype or opts.wdtype,
+            "f32": "f32"}
 
 
 def held_bytes(work: RowWork, opts: Options) -> int:
-    """Register bytes per element to hold every row tensor pass 1 reads."""
-    return sum(held(_types(opts)[t]) for t in work.reads)
+    """Register bytes per element to hold the rows kept between the passes, or, where pass 1
+    reads more rows than it keeps (the fused add's x and residual, summed into h), its loads in
+    flight: the compiler issues a thread's loads together."""
+    t = types(opts)
+    kept = sum(held(t[p]) for p in work.held_rows)
+    return max(kept, sum(DTYPES[t[p]] for p in work.reads)) if work.held is not None else kept
 
 
-def weight_bytes(work: RowWork, opts: Options) -> int:
-    """Bytes per element of the per-column tensors, when the op has them."""
-    return sum(DTYPES[_types(opts)[t]] for t in work.weights) if opts.has_weight else 0
+def col_sums(work: RowWork, opts: Options) -> int:
+    """fp32 per-column sums a persistent kernel keeps (dw, and db with a bias)."""
+    return work.col_sums + (1 if work.bias_sums and opts.bdtype else 0)
+
+
+def row_types(work: RowWork, opts: Options) -> set[str]:
+    """The element types of every row tensor the kernel reads or writes."""
+    t = types(opts)
+    return {t[p] for p in (*work.reads, *work.writes, *work.held_rows)}
 
 
 def decide(opts: Options, tgt: targets.Target, spec: KernelSpec) -> Layout:
@@ -143,11 +156,12 @@ def decide(opts: Options, tgt: targets.Target, spec: KernelSpec) -> Layout:
     elif opts.l2_prefetch == 1:
         raise ValueError(f"l2_prefetch=1: {spec.name} (a block per row group) has no L2 prefetch of a next row; "
                          "use -1 or 0")
-    eb = DTYPES[opts.dtype]
-    hintable = tgt.hints and lay.vec * eb == MAX_VECTOR_BYTES
+    chunk_bytes = sorted({lay.vec * DTYPES[t] for t in row_types(work, opts)})
+    hintable = tgt.hints and chunk_bytes == [MAX_VECTOR_BYTES]  # every row tensor in 16-byte chunks
     if opts.hints > 0 and not hintable:
         raise ValueError(f"hints={opts.hints}: {spec.name} on {opts.target} has no L2 eviction hints for "
-                         f"{lay.vec * eb}-byte chunks (they need 16 and an NVVM target); use -1 or 0")
+                         f"{'/'.join(map(str, chunk_bytes))}-byte chunks (they need 16 and an NVVM target); "
+                         "use -1 or 0")
     hints = _hint_policy(lay, persistent, opts.has_weight) if opts.hints == -1 and hintable else max(0, opts.hints)
     lay = replace(lay, min_blocks=opts.min_blocks or lay.min_blocks, hints=hints)
     if opts.batch_reload == 1 and (persistent or lay.cache_row):
@@ -157,7 +171,8 @@ def decide(opts: Options, tgt: targets.Target, spec: KernelSpec) -> Layout:
                          "use -1 or 0")
     if opts.batch_reload != -1:
         lay = replace(lay, batch_reload=bool(opts.batch_reload))
-    if lay.prefetch_w and lay.min_blocks > 1 and lay.k * lay.vec * (held_bytes(work, opts) + weight_bytes(work, opts)) \
+    w_bytes = DTYPES[opts.wdtype] if opts.has_weight else 0
+    if lay.prefetch_w and lay.min_blocks > 1 and lay.k * lay.vec * (held_bytes(work, opts) + w_bytes) \
             > tgt.reg_budget_bytes(lay.block * lay.min_blocks):
         lay = replace(lay, prefetch_w=False)  # the weight's registers must fit the cap too
     return _overlap(opts, lay, persistent)
@@ -233,7 +248,7 @@ def bwd_layout(opts: Options, tgt: targets.Target, work: RowWork) -> Layout:
 
     def too_big(c: int) -> bool:
         lay = share(c)
-        return not lay.dw_regs or lay.k * lay.vec * work.col_sums > BWD_SPLIT_DW
+        return not lay.dw_regs or lay.k * lay.vec * col_sums(work, opts) > BWD_SPLIT_DW
 
     c = _split(n, vec, tgt, opts.cluster, tpr, too_big)
     return _clustered(share(c), c)
@@ -254,9 +269,9 @@ def _bwd_block_layout(n: int, vec: int, tgt: targets.Target, work: RowWork, opts
     weight = opts.has_weight
     forced = tpr > 0
     nchunk = n // vec
-    one_held = held(opts.dtype)  # bytes per element of one row tensor held
+    one_held = held(opts.dtype)  # bytes per element of the normalized row held
     # fp32 column sums (+ the hoisted fp32 weight, see targets.Target.hoists_weight)
-    dw_bytes = 4 * (work.col_sums + (1 if tgt.hoists_weight else 0))
+    dw_bytes = 4 * (col_sums(work, opts) + (1 if tgt.hoists_weight else 0))
     short = nchunk <= 256
     k_target = 2 if nchunk <= 512 else 4
     if tpr:
@@ -288,7 +303,7 @@ def _bwd_block_layout(n: int, vec: int, tgt: targets.Target, work: RowWork, opts
         # 16-bit at 65536). With enough chunks per thread the loops stay rolled; nothing spills.
         tpr = max(warp, -(-math.ceil(nchunk / rolled_k) // warp) * warp)
         k = -(-nchunk // tpr)
-    cache_row = short and k * vec * (4 * work.col_sums + held_bytes(work, opts)) <= budget
+    cache_row = short and k * vec * (4 * col_sums(work, opts) + held_bytes(work, opts)) <= budget
     return Layout(vec=vec, tpr=tpr, rows=rows, k=k, kfull=nchunk // tpr, nchunk=nchunk,
                   cache_row=cache_row, warp=warp, dw_regs=dw_regs)
 
@@ -332,7 +347,8 @@ def _staged(opts: Options, lay: Layout, tgt: targets.Target, work: RowWork, pers
         return lay
     eb = DTYPES[opts.dtype]
     buffers = 2 * len(work.reads)
-    fits = lay.vec * eb == MAX_VECTOR_BYTES and buffers * lay.k * lay.block * MAX_VECTOR_BYTES <= MAX_STAGE_BYTES
+    sixteen = {lay.vec * DTYPES[types(opts)[t]] for t in work.reads} == {MAX_VECTOR_BYTES}
+    fits = sixteen and buffers * lay.k * lay.block * MAX_VECTOR_BYTES <= MAX_STAGE_BYTES
     if opts.stage == 1 and not (tgt.stage_piece and fits and not lay.cache_row and lay.rows == 1):
         raise ValueError(f"stage=1 needs a target with asynchronous copies ({tgt.chip}: "
                          f"{'yes' if tgt.stage_piece else 'no'}), 16-byte chunks (here {lay.vec * eb}), "
@@ -386,13 +402,14 @@ def reduce_layout(n: int, vec: int, warp: int) -> Layout:
 def fwd_layout(opts: Options, tgt: targets.Target, work: RowWork) -> Layout:
     """A block-per-row-group kernel's layout (the forward): row_layout's, or on targets with L2
     eviction hints the streamed row (_streamed) where nothing forced says otherwise."""
-    # 8-byte chunks where the policy prefers them, unless a forced option needs 16-byte ones.
-    narrow = opts.hints <= 0
+    # 8-byte chunks where the policy prefers them, unless a forced option needs 16-byte ones;
+    # measured for one row read: two (the fused add's x and residual) spill under its register cap.
+    narrow = opts.hints <= 0 and len(work.reads) == 1
     hb = held_bytes(work, opts)
-    lay = row_layout(opts.n, opts.vec, hb, tgt, opts.tpr, weight_bytes(work, opts) or DTYPES[opts.wdtype],
-                     opts.cluster, narrow=narrow)
+    lay = row_layout(opts.n, opts.vec, hb, tgt, opts.tpr, DTYPES[opts.wdtype], opts.cluster, narrow=narrow)
     policy = opts.tpr == 0 and opts.cluster == 0 and opts.hints == -1 and opts.cache_row == -1
-    if policy and tgt.hints and lay.cluster == 1 and lay.vec * DTYPES[opts.dtype] == MAX_VECTOR_BYTES \
+    sixteen = {lay.vec * DTYPES[t] for t in row_types(work, opts)} == {MAX_VECTOR_BYTES}
+    if policy and tgt.hints and lay.cluster == 1 and sixteen \
             and FWD_STREAM_CHUNKS[0] <= lay.nchunk <= FWD_STREAM_CHUNKS[1]:
         return _streamed(lay)
     return lay

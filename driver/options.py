@@ -24,6 +24,7 @@ from .layout import (
     Layout,
     decide,
     max_vec,
+    row_types,
 )
 
 MAX_N = 1 << 20
@@ -49,6 +50,15 @@ class Options:
     store_rstd: bool = False
     vec: int = 0  # 0: the widest the row allows
     atomic_dw: bool = False
+    # The fused ops' features (kernels.KernelSpec.features says which kernel takes which):
+    rdtype: str = ""  # forward: the residual's type; backward: dresidual's own type (when not dx's); "" none
+    sdtype: str = ""  # forward: residual_out's type, which h = x + residual is rounded to ("" = rdtype)
+    odtype: str = ""  # forward: y's type; backward: dy's ("" = dtype)
+    xdtype: str = ""  # backward: dx's type ("" = dtype)
+    bdtype: str = ""  # the bias's type; "" no bias
+    store_residual: bool = False  # forward: write residual_out
+    has_dres_out: bool = False  # backward: read d_residual_out and add it to dx
+    weight_offset: float = 0.0  # the weight is used as w + weight_offset
     tpr: int = 0  # threads per row; 0: the kernel's layout policy decides (tuning knob)
     cluster: int = 0  # blocks per row (a thread-block cluster); 0: the layout policy decides
     l2_prefetch: int = -1  # 1/0: prefetch the next row into L2 or not; -1: the layout policy decides
@@ -69,11 +79,17 @@ class Options:
         for name in ("dtype", "wdtype"):
             if getattr(self, name) not in DTYPES:
                 raise ValueError(f"{name}={getattr(self, name)!r}: choose one of {sorted(DTYPES)}")
+        for name in ("rdtype", "sdtype", "odtype", "xdtype", "bdtype"):
+            if getattr(self, name) not in ("", *DTYPES):
+                raise ValueError(f"{name}={getattr(self, name)!r}: choose one of {sorted(DTYPES)} or '' (none)")
         eps = float(self.eps)
         if not (math.isfinite(eps) and eps >= FLT_MIN and math.isfinite(f32(eps))):
             raise ValueError(f"eps={self.eps!r} must be a finite float32 >= {FLT_MIN:g} (e.g. 1e-6)")
         object.__setattr__(self, "eps", f32(eps))
-        widest = max_vec(self.n, DTYPES[self.dtype])
+        self._features()
+        spec = KERNELS[self.kernel]
+        narrowest = min(DTYPES[t] for t in row_types(spec.work, self)) if spec.work else DTYPES[self.dtype]
+        widest = max_vec(self.n, narrowest)
         vec = self.vec or widest
         if vec & (vec - 1) or vec > widest:
             raise ValueError(f"vec={self.vec} must be a power of two dividing N, at most {widest}")
@@ -108,7 +124,44 @@ class Options:
                    "choose 1 (pass 2 loads every chunk first), 0 (chunk by chunk) or -1 (the policy's)")
         if self.min_blocks and not tgt.min_blocks_attr:
             raise ValueError(f"min_blocks={self.min_blocks}: {self.target} has no blocks-per-multiprocessor bound; use 0")
-        object.__setattr__(self, "layout", decide(self, tgt, KERNELS[self.kernel]))
+        object.__setattr__(self, "layout", decide(self, tgt, spec))
+
+    def _features(self) -> None:
+        """Check that the kernel takes the fused ops' fields given, and put them in one canonical
+        spelling (a type equal to its default is "", so that one kernel has one key)."""
+        spec = KERNELS[self.kernel]
+        forward = spec.grid == "rows"
+        for name, default in (("odtype", self.dtype), ("xdtype", self.dtype), ("sdtype", self.rdtype)):
+            if getattr(self, name) == default:
+                object.__setattr__(self, name, "")
+        if self.bdtype and not forward:
+            object.__setattr__(self, "bdtype", "f32")  # the backward reads no bias: it sums db in fp32
+        offset = float(self.weight_offset)
+        if not math.isfinite(f32(offset)):
+            raise ValueError(f"weight_offset={self.weight_offset!r} must be a finite float32 (e.g. 1.0)")
+        object.__setattr__(self, "weight_offset", f32(offset))
+        given = {
+            "residual" if forward else "dres": bool(self.rdtype), "store_residual": self.store_residual,
+            "bias": bool(self.bdtype), "weight_offset": self.weight_offset != 0.0,
+            "odtype": bool(self.odtype), "xdtype": bool(self.xdtype), "dres_out": self.has_dres_out,
+        }
+        for feature, on in given.items():
+            if on and feature not in spec.features:
+                others = sorted(k for k, v in KERNELS.items() if feature in v.features)
+                raise ValueError(f"{self.kernel} takes no {feature.replace('_', ' ')} "
+                                 f"(kernels that do: {', '.join(others) or 'none'})")
+        if self.sdtype and not (forward and self.rdtype):
+            raise ValueError(f"sdtype={self.sdtype!r}: residual_out's type needs a residual (rdtype) in a forward")
+        if self.store_residual and not self.rdtype:
+            raise ValueError("store_residual=True needs a residual (rdtype): without one residual_out is x itself")
+
+    @property
+    def held_dtype(self) -> str:
+        """The type of the row normalized and held between the passes: residual_out's with a
+        residual (the forward), else the input's."""
+        if KERNELS[self.kernel].grid == "rows" and self.rdtype:
+            return self.sdtype or self.rdtype
+        return self.dtype
 
     def key_string(self) -> str:
         """Stable text of the fields (Python's hash() is salted per process)."""

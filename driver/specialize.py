@@ -18,6 +18,7 @@ from .layout import (
     HINT_STORES,
     MAX_CLUSTER,
     MAX_VECTOR_BYTES,
+    types,
 )
 from .options import Options, f32
 from .template import Resolver, Source, render_file
@@ -42,11 +43,43 @@ def signature_values(opts: Options) -> dict[str, str]:
     template's tensors this kernel does not pass, bound to ub.poison (flag-guarded code alone uses
     them, and it folds away)."""
     spec = KERNELS[opts.kernel]
-    types = {"T": opts.dtype, "WT": opts.wdtype}
+    tys = types(opts)
     sep = ",\n" + " " * 6
-    absent = "".join(f"    %{a.name}_arg = ub.poison : {a.memref(opts.n, types)}\n" for a in spec.absent())
-    return {"ENTRY": spec.entry, "ARGS": sep.join(a.decl(opts.n, types) for a in spec.args),
+    absent = "".join(f"    %{a.name}_arg = ub.poison : {a.memref(opts.n, tys)}\n" if a.pointer else
+                     f"    %{a.name} = arith.constant 0 : index\n" for a in spec.absent())
+    return {"ENTRY": spec.entry, "ARGS": sep.join(a.decl(opts.n, tys) for a in spec.args),
             "ABSENT": absent.rstrip("\n")}
+
+
+def type_values(opts: Options) -> dict[str, str]:
+    """Each type placeholder's element type (kernels.py names them), and for each the casts to
+    and from f32, the late cast piece, and the chunk's alignment and element bytes."""
+    tys = types(opts)
+    lay = opts.layout
+    out: dict[str, str] = {}
+    for p in ("T", "RT", "HT", "YT", "XT", "WT", "BT"):
+        t = tys[p]
+        out[p] = t
+        out[f"EXT_{p}"] = _cast(t, "f32")
+        out[f"TRUNC_{p}"] = _cast("f32", t)
+        out[f"ALIGN_{p}"] = str(min(MAX_VECTOR_BYTES, lay.vec * DTYPES[t]))
+        out[f"EB_{p}"] = str(DTYPES[t])
+        out[f"LATE_EXT_{p}_PIECE"] = "common/late_ext_bf16.mlir" if t == "bf16" else "common/late_ext_generic.mlir"
+    out["X_TO_H"] = _cast(tys["T"], tys["HT"])
+    return out
+
+
+def flag_values(opts: Options) -> dict[str, str]:
+    """The fused ops' flags (each an i1 constant in the skeletons) and the weight offset."""
+    return {
+        "HAS_RESIDUAL": _bool(bool(opts.rdtype) and KERNELS[opts.kernel].grid == "rows"),
+        "STORE_RESIDUAL": _bool(opts.store_residual),
+        "HAS_BIAS": _bool(bool(opts.bdtype)),
+        "HAS_OFFSET": _bool(opts.weight_offset != 0.0),
+        "WEIGHT_OFFSET": mlir_f32(opts.weight_offset),
+        "HAS_DRES_OUT": _bool(opts.has_dres_out),
+        "STORE_DRES": _bool(bool(opts.rdtype) and KERNELS[opts.kernel].grid != "rows"),
+    }
 
 
 def common_values(opts: Options) -> dict[str, str]:
@@ -64,7 +97,9 @@ def common_values(opts: Options) -> dict[str, str]:
         # The cross-block piece only where rows are split: a no-op sum otherwise.
         "CLUSTER_PIECE": tgt.cluster_piece if lay.cluster > 1 else "common/cluster_sum_none.mlir",
         "CLUSTER": str(lay.cluster),
-        "PREFETCH_PIECE": tgt.prefetch_piece if lay.l2_prefetch else "common/prefetch_none.mlir",
+        # The prefetch: of the next row (L2_PREFETCH), and of d_residual_out ahead of pass 2.
+        "PREFETCH_PIECE": (tgt.prefetch_piece if lay.l2_prefetch or opts.has_dres_out else None)
+        or "common/prefetch_none.mlir",
         "L2_PREFETCH": _bool(lay.l2_prefetch),
         "STAGE": _bool(lay.stage),
         "STAGE_PIECE": tgt.stage_piece if lay.stage else "common/stage_none.mlir",
@@ -83,7 +118,6 @@ def common_values(opts: Options) -> dict[str, str]:
         "EB": str(eb),
         "NSUB": str(lay.nsub),
         "ATOMIC_PIECE": tgt.atomic_piece,
-        "LATE_EXT_PIECE": "common/late_ext_bf16.mlir" if opts.dtype == "bf16" else "common/late_ext_generic.mlir",
         "WARP": str(tgt.warp),
         "N": str(opts.n),
         "T": opts.dtype,
@@ -115,12 +149,9 @@ def common_values(opts: Options) -> dict[str, str]:
         "HAS_WEIGHT": _bool(opts.has_weight),
         "STORE_RSTD": _bool(opts.store_rstd),
         "ATOMIC_DW": _bool(opts.atomic_dw),
-        "EXT_T": _cast(opts.dtype, "f32"),
-        "EXT_WT": _cast(opts.wdtype, "f32"),
-        "TRUNC_T": _cast("f32", opts.dtype),
-        "TRUNC_WT": _cast("f32", opts.wdtype),
-        "CT": str(lay.tpr),  # the column sums' layout: column threads, row threads
-        "RT": str(lay.rows),
+        **type_values(opts),
+        "COL_THREADS": str(lay.tpr),  # the column sums' layout: column threads, row threads
+        "ROW_THREADS": str(lay.rows),
     }
 
 
@@ -134,7 +165,7 @@ LAYOUT_VALUES = {
     "CACHE_ROW": "--cache-row", "OVERLAP": "--overlap", "OVERLAP_K": "--overlap", "BATCH_RELOAD": "--batch-reload",
     "KERNEL_ATTRS": "--min-blocks", "ROWS": "", "BLOCK": "", "K": "", "KFULL": "", "NCHUNK": "", "NSUB": "",
     "WPR": "", "MULTI_WARP": "", "SHUFFLE_STEPS": "", "WARP_STEPS": "", "DW_REGS": "", "PREFETCH_W": "",
-    "RED_REUSED": "", "CT": "", "RT": "", "ARGS": "", "ABSENT": "",
+    "RED_REUSED": "", "COL_THREADS": "", "ROW_THREADS": "", "ARGS": "", "ABSENT": "",
 }
 # The placeholders each user-given option of `normir compile` fills: an option the text does not use
 # (--eps on a text without ${EPS}) is an error rather than silently ignored.
@@ -144,7 +175,7 @@ USER_VALUES = {"eps": ("EPS",), "wdtype": ("WT",), "store_rstd": ("STORE_RSTD",)
 
 def values_for(opts: Options) -> dict[str, str]:
     """Every placeholder value the driver computes for a kernel's options."""
-    return {**common_values(opts), **signature_values(opts), **KERNELS[opts.kernel].flags}
+    return {**common_values(opts), **flag_values(opts), **signature_values(opts), **KERNELS[opts.kernel].flags}
 
 
 def specialize_source(opts: Options, resolver: Resolver | None = None) -> Source:

@@ -1,20 +1,20 @@
 // Column sums: out[j] = sum_p part[p, j] over the fp32 partial rows a persistent kernel wrote
 // (dw), in a fixed order, cast to the output's dtype (the weight's).
-// Block of ${BLOCK} threads = ${CT} column threads x ${RT} row threads; a column thread owns ${V}
+// Block of ${BLOCK} threads = ${COL_THREADS} column threads x ${ROW_THREADS} row threads; a column thread owns ${V}
 // consecutive columns (one 16-byte fp32 access); row thread r sums partial rows r, r + RT, ...
 // then row thread 0 adds the RT sums in order 0..RT-1. The order depends only on the number of
 // partial rows, so the result is bit-identical from run to run (unlike atomics).
-// Placeholders: N, WT, V, CT, RT, BLOCK, NCHUNK, TRUNC_WT, TARGET.
+// Placeholders: N, WT, V, COL_THREADS, ROW_THREADS, BLOCK, NCHUNK, TRUNC_WT, TARGET.
 // Arguments: part (fp32, parts x N), out (WT, N), the number of partial rows.
 module attributes {gpu.container_module} {
 gpu.module @normir [${TARGET}] {
   gpu.func @${ENTRY}(
       ${ARGS})
-      workgroup(%sums: memref<${RT}x${CT}x${V}xf32, #gpu.address_space<workgroup>>)
+      workgroup(%sums: memref<${ROW_THREADS}x${COL_THREADS}x${V}xf32, #gpu.address_space<workgroup>>)
       kernel attributes {known_block_size = array<i32: ${BLOCK}, 1, 1>${KERNEL_ATTRS}} {
     %c0 = arith.constant 0 : index
-    %ct = arith.constant ${CT} : index
-    %rt = arith.constant ${RT} : index
+    %ct = arith.constant ${COL_THREADS} : index
+    %rt = arith.constant ${ROW_THREADS} : index
     %vw = arith.constant ${V} : index
     %nchunk = arith.constant ${NCHUNK} : index
     %zero_v = arith.constant dense<0.0> : vector<${V}xf32>
@@ -38,13 +38,13 @@ gpu.module @normir [${TARGET}] {
     } else {
       scf.yield %zero_v : vector<${V}xf32>
     }
-    vector.store %sum, %sums[%rthread, %cthread, %c0] : memref<${RT}x${CT}x${V}xf32, #gpu.address_space<workgroup>>, vector<${V}xf32>
+    vector.store %sum, %sums[%rthread, %cthread, %c0] : memref<${ROW_THREADS}x${COL_THREADS}x${V}xf32, #gpu.address_space<workgroup>>, vector<${V}xf32>
     gpu.barrier
     %is_first = arith.cmpi eq, %rthread, %c0 : index
     %write = arith.andi %is_first, %live : i1
     scf.if %write {
-      %total = affine.for %r = 0 to ${RT} iter_args(%acc = %zero_v) -> (vector<${V}xf32>) {
-        %v = vector.load %sums[%r, %cthread, %c0] : memref<${RT}x${CT}x${V}xf32, #gpu.address_space<workgroup>>, vector<${V}xf32>
+      %total = affine.for %r = 0 to ${ROW_THREADS} iter_args(%acc = %zero_v) -> (vector<${V}xf32>) {
+        %v = vector.load %sums[%r, %cthread, %c0] : memref<${ROW_THREADS}x${COL_THREADS}x${V}xf32, #gpu.address_space<workgroup>>, vector<${V}xf32>
         %a = arith.addf %acc, %v : vector<${V}xf32>
         affine.yield %a : vector<${V}xf32>
       }

@@ -41,21 +41,25 @@ gpu.module @normir [${TARGET}] {
 // normir:splice ${STATS_PIECE}
 // normir:splice ${RSQRT_PIECE}
 // normir:splice ${ATOMIC_PIECE}
-// normir:splice ${LATE_EXT_PIECE}
+// normir:splice ${LATE_EXT_T_PIECE} TENSOR=x TYPE=${T} EXT=${EXT_T}
+// normir:splice ${LATE_EXT_YT_PIECE} TENSOR=dy TYPE=${YT} EXT=${EXT_YT}
 // normir:splice ${CLUSTER_PIECE}
 // normir:splice ${PREFETCH_PIECE}
 // normir:splice ${STAGE_PIECE}
 // normir:splice ${POLICY_PIECE}
-// normir:splice common/row_io.mlir TENSOR=x TYPE=${T}
-// normir:splice common/row_io.mlir TENSOR=dy TYPE=${T}
-// normir:splice common/row_io.mlir TENSOR=dx TYPE=${T}
+// normir:splice common/row_io.mlir TENSOR=x TYPE=${T} ALIGN=${ALIGN_T} EB=${EB_T}
+// normir:splice common/row_io.mlir TENSOR=dy TYPE=${YT} ALIGN=${ALIGN_YT} EB=${EB_YT}
+// normir:splice common/row_io.mlir TENSOR=dres_out TYPE=${T} ALIGN=${ALIGN_T} EB=${EB_T}
+// normir:splice common/row_io.mlir TENSOR=dx TYPE=${XT} ALIGN=${ALIGN_XT} EB=${EB_XT}
+// normir:splice common/row_io.mlir TENSOR=dres TYPE=${RT} ALIGN=${ALIGN_RT} EB=${EB_RT}
 
   gpu.func @${ENTRY}(
       ${ARGS})
       workgroup(%red: memref<${NR}x${WPR}xf32, #gpu.address_space<workgroup>>)
       private(%xbuf: memref<${K}x${V}x${T}, #gpu.address_space<private>>,
-              %dybuf: memref<${K}x${V}x${T}, #gpu.address_space<private>>,
-              %dwbuf: memref<${K}x${V}xf32, #gpu.address_space<private>>)
+              %dybuf: memref<${K}x${V}x${YT}, #gpu.address_space<private>>,
+              %dwbuf: memref<${K}x${V}xf32, #gpu.address_space<private>>,
+              %dbbuf: memref<${K}x${V}xf32, #gpu.address_space<private>>)
       kernel attributes {known_block_size = array<i32: ${BLOCK}, 1, 1>${KERNEL_ATTRS}} {
 ${ABSENT}
     %c0 = arith.constant 0 : index
@@ -66,6 +70,9 @@ ${ABSENT}
     %nchunk = arith.constant ${NCHUNK} : index
     %rows_per_block = arith.constant ${ROWS} : index
     %has_weight = arith.constant ${HAS_WEIGHT}
+    %has_bias = arith.constant ${HAS_BIAS}
+    %has_dres_out = arith.constant ${HAS_DRES_OUT}
+    %store_dres = arith.constant ${STORE_DRES}
     %cache_row = arith.constant ${CACHE_ROW}
     %overlap = arith.constant ${OVERLAP}
     %overlap_k = arith.constant ${OVERLAP_K} : index
@@ -73,10 +80,11 @@ ${ABSENT}
     %atomic_dw = arith.constant ${ATOMIC_DW}
     %l2_prefetch = arith.constant ${L2_PREFETCH}
     %stage_on = arith.constant ${STAGE}
-    %eb = arith.constant ${EB} : index
+    %eb = arith.constant ${EB_T} : index
+    %eb_dy = arith.constant ${EB_YT} : index
     %zero_v = arith.constant dense<0.0> : vector<${V}xf32>
-    %one_v = arith.constant dense<1.0> : vector<${V}xf32>
     %zero_t = arith.constant dense<0.0> : vector<${V}x${T}>
+    %zero_dy = arith.constant dense<0.0> : vector<${V}x${YT}>
 
     %tid = gpu.thread_id x
     %bid = gpu.block_id x
@@ -96,9 +104,12 @@ ${ABSENT}
     %part_rows = arith.muli %clusters, %rows_per_block : index
     %dw_part = memref.reinterpret_cast %dw_part_arg to offset: [0], sizes: [%part_rows, ${N}], strides: [${N}, 1]
         : memref<${N}xf32> to memref<?x${N}xf32, strided<[${N}, 1]>>
+    %db_part = memref.reinterpret_cast %db_part_arg to offset: [0], sizes: [%part_rows, ${N}], strides: [${N}, 1]
+        : memref<${N}xf32> to memref<?x${N}xf32, strided<[${N}, 1]>>
     %part_base = arith.muli %cid, %rows_per_block : index
     %x_base = memref.extract_aligned_pointer_as_index %x_arg : memref<${N}x${T}> -> index
-    %dy_base = memref.extract_aligned_pointer_as_index %dy_arg : memref<${N}x${T}> -> index
+    %dy_base = memref.extract_aligned_pointer_as_index %dy_arg : memref<${N}x${YT}> -> index
+    %dres_out_base = memref.extract_aligned_pointer_as_index %dres_out_arg : memref<${N}x${T}> -> index
     // HINT_LD (see normir_bwd_row_chunk): pass 1 keeps in L2 what pass 2 reads again; the last
     // read of a line, and with HINT_ST the dx stores, ask L2 to evict it first.
     %pol_first = func.call @normir_policy_first() : () -> i64
@@ -111,10 +122,13 @@ ${ABSENT}
     %stage_base = func.call @normir_stage_base() : () -> index
     func.call @normir_cluster_init(%tid) : (index) -> ()  // before any peer's first exchange
 
-    // Zeroed dw sums, once per block.
+    // Zeroed dw (and db) sums, once per block.
     affine.for %k = 0 to ${K} {
       scf.if %dw_regs {
         vector.store %zero_v, %dwbuf[%k, %c0] : memref<${K}x${V}xf32, #gpu.address_space<private>>, vector<${V}xf32>
+        scf.if %has_bias {
+          vector.store %zero_v, %dbbuf[%k, %c0] : memref<${K}x${V}xf32, #gpu.address_space<private>>, vector<${V}xf32>
+        }
       }
     }
 
@@ -173,18 +187,18 @@ ${ABSENT}
         %in_row = arith.cmpi ult, %chunk, %nchunk : index
         %live_col = arith.ori %always, %in_row : i1
         %live = arith.andi %live_col, %row_valid : i1
-        %xv, %dyv = scf.if %live -> (vector<${V}x${T}>, vector<${V}x${T}>) {
+        %xv, %dyv = scf.if %live -> (vector<${V}x${T}>, vector<${V}x${YT}>) {
           %a, %b = func.call @normir_bwd_row_chunk(%x_arg, %dy_arg, %stage_base, %rows, %x_stride, %dy_stride, %row,
                                                    %col, %parity, %k, %tid, %stage_on, %pol_pass1)
-              : (memref<${N}x${T}>, memref<${N}x${T}>, index, index, index, index, index, index, index, index, index, i1, i64)
-              -> (vector<${V}x${T}>, vector<${V}x${T}>)
-          scf.yield %a, %b : vector<${V}x${T}>, vector<${V}x${T}>
+              : (memref<${N}x${T}>, memref<${N}x${YT}>, index, index, index, index, index, index, index, index, index, i1, i64)
+              -> (vector<${V}x${T}>, vector<${V}x${YT}>)
+          scf.yield %a, %b : vector<${V}x${T}>, vector<${V}x${YT}>
         } else {
-          scf.yield %zero_t, %zero_t : vector<${V}x${T}>, vector<${V}x${T}>
+          scf.yield %zero_t, %zero_dy : vector<${V}x${T}>, vector<${V}x${YT}>
         }
         scf.if %cache_row {
           vector.store %xv, %xbuf[%k, %c0] : memref<${K}x${V}x${T}, #gpu.address_space<private>>, vector<${V}x${T}>
-          vector.store %dyv, %dybuf[%k, %c0] : memref<${K}x${V}x${T}, #gpu.address_space<private>>, vector<${V}x${T}>
+          vector.store %dyv, %dybuf[%k, %c0] : memref<${K}x${V}x${YT}, #gpu.address_space<private>>, vector<${V}x${YT}>
         }
         %pf = arith.andi %pf_on, %live_col : i1
         scf.if %pf {
@@ -194,13 +208,23 @@ ${ABSENT}
           func.call @normir_prefetch_l2(%x_base, %pfx_byte) : (index, index) -> ()
           %pfd_row = arith.muli %pf_row, %dy_stride : index
           %pfd_elem = arith.addi %pfd_row, %col : index
-          %pfd_byte = arith.muli %pfd_elem, %eb : index
+          %pfd_byte = arith.muli %pfd_elem, %eb_dy : index
           func.call @normir_prefetch_l2(%dy_base, %pfd_byte) : (index, index) -> ()
+        }
+        // HAS_DRES_OUT: pass 2 reads d_residual_out once, where its other reads come from
+        // registers, shared memory or L2; this row's chunk is asked into L2 now, so that the
+        // DRAM latency overlaps pass 1 and the reduction.
+        %pf_g = arith.andi %has_dres_out, %live : i1
+        scf.if %pf_g {
+          %g_row = arith.muli %row, %dres_out_stride : index
+          %g_elem = arith.addi %g_row, %col : index
+          %g_byte = arith.muli %g_elem, %eb : index
+          func.call @normir_prefetch_l2(%dres_out_base, %g_byte) : (index, index) -> ()
         }
         %wf = func.call @normir_bwd_weight(%w_arg, %col, %live_col, %has_weight)
             : (memref<${N}x${WT}>, index, i1, i1) -> vector<${V}xf32>
         %xf = ${EXT_T} %xv : vector<${V}x${T}> to vector<${V}xf32>
-        %dyf = ${EXT_T} %dyv : vector<${V}x${T}> to vector<${V}xf32>
+        %dyf = ${EXT_YT} %dyv : vector<${V}x${YT}> to vector<${V}xf32>
         %acc_next = func.call @normir_bwd_acc(%acc, %xf, %dyf, %wf)
             : (vector<${V}xf32>, vector<${V}xf32>, vector<${V}xf32>, vector<${V}xf32>) -> vector<${V}xf32>
         affine.yield %acc_next : vector<${V}xf32>
@@ -222,17 +246,17 @@ ${ABSENT}
           %in_row = arith.cmpi ult, %chunk, %nchunk : index
           %live_col = arith.ori %always, %in_row : i1
           %live = arith.andi %live_col, %row_valid : i1
-          %a, %b = scf.if %live -> (vector<${V}x${T}>, vector<${V}x${T}>) {
+          %a, %b = scf.if %live -> (vector<${V}x${T}>, vector<${V}x${YT}>) {
             %a1, %b1 = func.call @normir_bwd_row_chunk(%x_arg, %dy_arg, %stage_base, %rows, %x_stride, %dy_stride,
                                                        %row, %col, %parity, %k, %tid, %stage_on, %pol_first)
-                : (memref<${N}x${T}>, memref<${N}x${T}>, index, index, index, index, index, index, index, index, index, i1, i64)
-                -> (vector<${V}x${T}>, vector<${V}x${T}>)
-            scf.yield %a1, %b1 : vector<${V}x${T}>, vector<${V}x${T}>
+                : (memref<${N}x${T}>, memref<${N}x${YT}>, index, index, index, index, index, index, index, index, index, i1, i64)
+                -> (vector<${V}x${T}>, vector<${V}x${YT}>)
+            scf.yield %a1, %b1 : vector<${V}x${T}>, vector<${V}x${YT}>
           } else {
-            scf.yield %zero_t, %zero_t : vector<${V}x${T}>, vector<${V}x${T}>
+            scf.yield %zero_t, %zero_dy : vector<${V}x${T}>, vector<${V}x${YT}>
           }
           vector.store %a, %xbuf[%k, %c0] : memref<${K}x${V}x${T}, #gpu.address_space<private>>, vector<${V}x${T}>
-          vector.store %b, %dybuf[%k, %c0] : memref<${K}x${V}x${T}, #gpu.address_space<private>>, vector<${V}x${T}>
+          vector.store %b, %dybuf[%k, %c0] : memref<${K}x${V}x${YT}, #gpu.address_space<private>>, vector<${V}x${YT}>
         }
         %t = func.call @normir_cluster_read(%sums_block, %iter) : (vector<${NR}xf32>, index) -> vector<${NR}xf32>
         scf.yield %t : vector<${NR}xf32>
@@ -256,33 +280,50 @@ ${ABSENT}
         // loads (the first OVERLAP_K chunks) put them.
         %early = arith.cmpi ult, %k, %overlap_k : index
         %held = arith.ori %cache_row, %early : i1
-        %xv, %dyv = scf.if %held -> (vector<${V}x${T}>, vector<${V}x${T}>) {
+        %xv, %dyv = scf.if %held -> (vector<${V}x${T}>, vector<${V}x${YT}>) {
           %a = vector.load %xbuf[%k, %c0] : memref<${K}x${V}x${T}, #gpu.address_space<private>>, vector<${V}x${T}>
-          %b = vector.load %dybuf[%k, %c0] : memref<${K}x${V}x${T}, #gpu.address_space<private>>, vector<${V}x${T}>
-          scf.yield %a, %b : vector<${V}x${T}>, vector<${V}x${T}>
+          %b = vector.load %dybuf[%k, %c0] : memref<${K}x${V}x${YT}, #gpu.address_space<private>>, vector<${V}x${YT}>
+          scf.yield %a, %b : vector<${V}x${T}>, vector<${V}x${YT}>
         } else {
-          %a, %b = scf.if %live -> (vector<${V}x${T}>, vector<${V}x${T}>) {
+          %a, %b = scf.if %live -> (vector<${V}x${T}>, vector<${V}x${YT}>) {
             %a1, %b1 = func.call @normir_bwd_row_chunk(%x_arg, %dy_arg, %stage_base, %rows, %x_stride, %dy_stride,
                                                        %row, %col, %parity, %k, %tid, %stage_on, %pol_first)
-                : (memref<${N}x${T}>, memref<${N}x${T}>, index, index, index, index, index, index, index, index, index, i1, i64)
-                -> (vector<${V}x${T}>, vector<${V}x${T}>)
-            scf.yield %a1, %b1 : vector<${V}x${T}>, vector<${V}x${T}>
+                : (memref<${N}x${T}>, memref<${N}x${YT}>, index, index, index, index, index, index, index, index, index, i1, i64)
+                -> (vector<${V}x${T}>, vector<${V}x${YT}>)
+            scf.yield %a1, %b1 : vector<${V}x${T}>, vector<${V}x${YT}>
           } else {
-            scf.yield %zero_t, %zero_t : vector<${V}x${T}>, vector<${V}x${T}>
+            scf.yield %zero_t, %zero_dy : vector<${V}x${T}>, vector<${V}x${YT}>
           }
-          scf.yield %a, %b : vector<${V}x${T}>, vector<${V}x${T}>
+          scf.yield %a, %b : vector<${V}x${T}>, vector<${V}x${YT}>
         }
         %wf = func.call @normir_bwd_weight(%w_arg, %col, %live_col, %has_weight)
             : (memref<${N}x${WT}>, index, i1, i1) -> vector<${V}xf32>
-        %xf = func.call @normir_late_ext(%xv) : (vector<${V}x${T}>) -> vector<${V}xf32>
-        %dyf = func.call @normir_late_ext(%dyv) : (vector<${V}x${T}>) -> vector<${V}xf32>
+        %xf = func.call @normir_late_ext_x(%xv) : (vector<${V}x${T}>) -> vector<${V}xf32>
+        %dyf = func.call @normir_late_ext_dy(%dyv) : (vector<${V}x${YT}>) -> vector<${V}xf32>
         %dxf, %gcol = func.call @normir_bwd_dx(%xf, %dyf, %wf, %rstd_v, %coefs)
             : (vector<${V}xf32>, vector<${V}xf32>, vector<${V}xf32>, vector<${V}xf32>, vector<${NR}xf32>)
             -> (vector<${V}xf32>, vector<${V}xf32>)
         scf.if %live {
-          %dxv = ${TRUNC_T} %dxf : vector<${V}xf32> to vector<${V}x${T}>
+          // With HAS_DRES_OUT: dh = dx + d_residual_out (the residual stream's own gradient).
+          %dh = scf.if %has_dres_out -> (vector<${V}xf32>) {
+            %false = arith.constant false
+            %gv = func.call @normir_load_dres_out(%dres_out_arg, %row, %col, %rows, %dres_out_stride, %pol_first, %false)
+                : (memref<${N}x${T}>, index, index, index, index, i64, i1) -> vector<${V}x${T}>
+            %gf = ${EXT_T} %gv : vector<${V}x${T}> to vector<${V}xf32>
+            %sum = arith.addf %dxf, %gf : vector<${V}xf32>
+            scf.yield %sum : vector<${V}xf32>
+          } else {
+            scf.yield %dxf : vector<${V}xf32>
+          }
+          %dxv = ${TRUNC_XT} %dh : vector<${V}xf32> to vector<${V}x${XT}>
           func.call @normir_store_dx(%dx_arg, %row, %col, %rows, %dx_stride, %dxv, %pol_store)
-              : (memref<${N}x${T}>, index, index, index, index, vector<${V}x${T}>, i64) -> ()
+              : (memref<${N}x${XT}>, index, index, index, index, vector<${V}x${XT}>, i64) -> ()
+          // STORE_DRES: dresidual has the same values as dx, in the residual's type.
+          scf.if %store_dres {
+            %drv = ${TRUNC_RT} %dh : vector<${V}xf32> to vector<${V}x${RT}>
+            func.call @normir_store_dres(%dres_arg, %row, %col, %rows, %dres_stride, %drv, %pol_store)
+                : (memref<${N}x${RT}>, index, index, index, index, vector<${V}x${RT}>, i64) -> ()
+          }
         }
         scf.if %has_weight {
           scf.if %dw_regs {
@@ -300,6 +341,25 @@ ${ABSENT}
               }
               %s2 = func.call @normir_bwd_dw(%old, %xf, %gcol) : (vector<${V}xf32>, vector<${V}xf32>, vector<${V}xf32>) -> vector<${V}xf32>
               vector.store %s2, %dw_part[%part_row, %col] {alignment = ${PART_ALIGN}} : memref<?x${N}xf32, strided<[${N}, 1]>>, vector<${V}xf32>
+            }
+          }
+        }
+        // HAS_BIAS: db += dy, kept like dw (registers, or the slot's partial row).
+        scf.if %has_bias {
+          scf.if %dw_regs {
+            %s = vector.load %dbbuf[%k, %c0] : memref<${K}x${V}xf32, #gpu.address_space<private>>, vector<${V}xf32>
+            %s2 = arith.addf %s, %dyf : vector<${V}xf32>
+            vector.store %s2, %dbbuf[%k, %c0] : memref<${K}x${V}xf32, #gpu.address_space<private>>, vector<${V}xf32>
+          } else {
+            scf.if %live_col {
+              %old = scf.if %first_iter -> (vector<${V}xf32>) {
+                scf.yield %zero_v : vector<${V}xf32>
+              } else {
+                %o = vector.load %db_part[%part_row, %col] {alignment = ${PART_ALIGN}} : memref<?x${N}xf32, strided<[${N}, 1]>>, vector<${V}xf32>
+                scf.yield %o : vector<${V}xf32>
+              }
+              %s2 = arith.addf %old, %dyf : vector<${V}xf32>
+              vector.store %s2, %db_part[%part_row, %col] {alignment = ${PART_ALIGN}} : memref<?x${N}xf32, strided<[${N}, 1]>>, vector<${V}xf32>
             }
           }
         }
@@ -324,6 +384,14 @@ ${ABSENT}
           } else {
             vector.store %s, %dw_part[%part_row, %col] {alignment = ${PART_ALIGN}} : memref<?x${N}xf32, strided<[${N}, 1]>>, vector<${V}xf32>
           }
+          scf.if %has_bias {
+            %sb = vector.load %dbbuf[%k, %c0] : memref<${K}x${V}xf32, #gpu.address_space<private>>, vector<${V}xf32>
+            scf.if %atomic_dw {
+              func.call @normir_atomic_add_vec(%db_part_arg, %col, %sb) : (memref<${N}xf32>, index, vector<${V}xf32>) -> ()
+            } else {
+              vector.store %sb, %db_part[%part_row, %col] {alignment = ${PART_ALIGN}} : memref<?x${N}xf32, strided<[${N}, 1]>>, vector<${V}xf32>
+            }
+          }
         }
       }
     }
@@ -333,27 +401,27 @@ ${ABSENT}
   // Chunk k of this thread in row `row`: x and dy from the STAGE buffer `buf`, or from memory
   // (with HINT_LD under the L2 eviction policy `policy`; both passes' loads take the same L1
   // qualifier).
-  func.func private @normir_bwd_row_chunk(%x_arg: memref<${N}x${T}>, %dy_arg: memref<${N}x${T}>,
+  func.func private @normir_bwd_row_chunk(%x_arg: memref<${N}x${T}>, %dy_arg: memref<${N}x${YT}>,
       %stage_base: index, %rows: index, %x_stride: index, %dy_stride: index, %row: index, %col: index,
-      %buf: index, %k: index, %tid: index, %stage_on: i1, %policy: i64) -> (vector<${V}x${T}>, vector<${V}x${T}>)
+      %buf: index, %k: index, %tid: index, %stage_on: i1, %policy: i64) -> (vector<${V}x${T}>, vector<${V}x${YT}>)
       attributes {llvm.linkage = #llvm.linkage<internal>} {
     %c0 = arith.constant 0 : index
     %c1 = arith.constant 1 : index
     %false = arith.constant false
-    %a, %b = scf.if %stage_on -> (vector<${V}x${T}>, vector<${V}x${T}>) {
+    %a, %b = scf.if %stage_on -> (vector<${V}x${T}>, vector<${V}x${YT}>) {
       %x_at = func.call @normir_stage_slot(%stage_base, %buf, %c0, %k, %tid) : (index, index, index, index, index) -> index
       %dy_at = func.call @normir_stage_slot(%stage_base, %buf, %c1, %k, %tid) : (index, index, index, index, index) -> index
       %a1 = func.call @normir_load_staged_x(%x_at) : (index) -> vector<${V}x${T}>
-      %b1 = func.call @normir_load_staged_dy(%dy_at) : (index) -> vector<${V}x${T}>
-      scf.yield %a1, %b1 : vector<${V}x${T}>, vector<${V}x${T}>
+      %b1 = func.call @normir_load_staged_dy(%dy_at) : (index) -> vector<${V}x${YT}>
+      scf.yield %a1, %b1 : vector<${V}x${T}>, vector<${V}x${YT}>
     } else {
       %a1 = func.call @normir_load_x(%x_arg, %row, %col, %rows, %x_stride, %policy, %false)
           : (memref<${N}x${T}>, index, index, index, index, i64, i1) -> vector<${V}x${T}>
       %b1 = func.call @normir_load_dy(%dy_arg, %row, %col, %rows, %dy_stride, %policy, %false)
-          : (memref<${N}x${T}>, index, index, index, index, i64, i1) -> vector<${V}x${T}>
-      scf.yield %a1, %b1 : vector<${V}x${T}>, vector<${V}x${T}>
+          : (memref<${N}x${YT}>, index, index, index, index, i64, i1) -> vector<${V}x${YT}>
+      scf.yield %a1, %b1 : vector<${V}x${T}>, vector<${V}x${YT}>
     }
-    return %a, %b : vector<${V}x${T}>, vector<${V}x${T}>
+    return %a, %b : vector<${V}x${T}>, vector<${V}x${YT}>
   }
 
   // Shared address of this thread's chunk k of staged tensor `tensor` (x: 0, dy: 1) in STAGE
@@ -387,7 +455,8 @@ ${ABSENT}
     %vw = arith.constant ${V} : index
     %k_full = arith.constant ${KFULL} : index
     %nchunk = arith.constant ${NCHUNK} : index
-    %eb = arith.constant ${EB} : index
+    %eb = arith.constant ${EB_T} : index
+    %eb_dy = arith.constant ${EB_YT} : index
     %x_row = arith.muli %row, %x_stride : index
     %dy_row = arith.muli %row, %dy_stride : index
     affine.for %k = 0 to ${K} {
@@ -405,7 +474,7 @@ ${ABSENT}
         %x_byte = arith.muli %x_elem, %eb : index
         %x_src = arith.addi %x_base, %x_byte : index
         %dy_elem = arith.addi %dy_row, %col : index
-        %dy_byte = arith.muli %dy_elem, %eb : index
+        %dy_byte = arith.muli %dy_elem, %eb_dy : index
         %dy_src = arith.addi %dy_base, %dy_byte : index
         func.call @normir_stage_copy(%x_dst, %x_src) : (index, index) -> ()
         func.call @normir_stage_copy(%dy_dst, %dy_src) : (index, index) -> ()
@@ -423,7 +492,15 @@ ${ABSENT}
     %wf = scf.if %load -> (vector<${V}xf32>) {
       %wv = vector.load %w_arg[%col] {alignment = ${W_ALIGN}} : memref<${N}x${WT}>, vector<${V}x${WT}>
       %wvf = ${EXT_WT} %wv : vector<${V}x${WT}> to vector<${V}xf32>
-      scf.yield %wvf : vector<${V}xf32>
+      %has_offset = arith.constant ${HAS_OFFSET}
+      %w_used = scf.if %has_offset -> (vector<${V}xf32>) {  // the weight is used as w + weight_offset
+        %offset_v = arith.constant dense<${WEIGHT_OFFSET}> : vector<${V}xf32>
+        %wo = arith.addf %wvf, %offset_v : vector<${V}xf32>
+        scf.yield %wo : vector<${V}xf32>
+      } else {
+        scf.yield %wvf : vector<${V}xf32>
+      }
+      scf.yield %w_used : vector<${V}xf32>
     } else {
       scf.yield %one_v : vector<${V}xf32>
     }

@@ -35,16 +35,18 @@ gpu.module @normir [${TARGET}] {
 // normir:splice common/row_sum.mlir
 // normir:splice ${STATS_PIECE}
 // normir:splice ${RSQRT_PIECE}
-// normir:splice ${LATE_EXT_PIECE}
+// normir:splice ${LATE_EXT_HT_PIECE} TENSOR=h TYPE=${HT} EXT=${EXT_HT}
 // normir:splice ${CLUSTER_PIECE}
 // normir:splice ${POLICY_PIECE}
-// normir:splice common/row_io.mlir TENSOR=x TYPE=${T}
-// normir:splice common/row_io.mlir TENSOR=y TYPE=${T}
+// normir:splice common/row_io.mlir TENSOR=x TYPE=${T} ALIGN=${ALIGN_T} EB=${EB_T}
+// normir:splice common/row_io.mlir TENSOR=residual TYPE=${RT} ALIGN=${ALIGN_RT} EB=${EB_RT}
+// normir:splice common/row_io.mlir TENSOR=residual_out TYPE=${HT} ALIGN=${ALIGN_HT} EB=${EB_HT}
+// normir:splice common/row_io.mlir TENSOR=y TYPE=${YT} ALIGN=${ALIGN_YT} EB=${EB_YT}
 
   gpu.func @${ENTRY}(
       ${ARGS})
       workgroup(%red: memref<${NR}x${WPR}xf32, #gpu.address_space<workgroup>>)
-      private(%xbuf: memref<${K}x${V}x${T}, #gpu.address_space<private>>,
+      private(%xbuf: memref<${K}x${V}x${HT}, #gpu.address_space<private>>,
               %wbuf: memref<${K}x${V}x${WT}, #gpu.address_space<private>>)
       kernel attributes {known_block_size = array<i32: ${BLOCK}, 1, 1>${KERNEL_ATTRS}} {
 ${ABSENT}
@@ -56,7 +58,10 @@ ${ABSENT}
     %k_full = arith.constant ${KFULL} : index
     %nchunk = arith.constant ${NCHUNK} : index
     %has_weight = arith.constant ${HAS_WEIGHT}
+    %has_offset = arith.constant ${HAS_OFFSET}
+    %has_bias = arith.constant ${HAS_BIAS}
     %store_rstd = arith.constant ${STORE_RSTD}
+    %store_residual = arith.constant ${STORE_RESIDUAL}
     %cache_row = arith.constant ${CACHE_ROW}
     %prefetch_w = arith.constant ${PREFETCH_W}
     %eb = arith.constant ${EB} : index
@@ -64,7 +69,8 @@ ${ABSENT}
     %batch_reload = arith.constant ${BATCH_RELOAD}
     %zero_f = arith.constant 0.0 : f32
     %zero_v = arith.constant dense<0.0> : vector<${V}xf32>
-    %zero_t = arith.constant dense<0.0> : vector<${V}x${T}>
+    %zero_h = arith.constant dense<0.0> : vector<${V}x${HT}>
+    %offset_v = arith.constant dense<${WEIGHT_OFFSET}> : vector<${V}xf32>
 
     %tid = gpu.thread_id x
     %bid = gpu.block_id x
@@ -108,15 +114,20 @@ ${ABSENT}
           %always = arith.cmpi ult, %k, %k_full : index
           %in_row = arith.cmpi ult, %chunk, %nchunk : index
           %live = arith.ori %always, %in_row : i1
-          %xv = scf.if %live -> (vector<${V}x${T}>) {
-            %m = func.call @normir_load_x(%x_arg, %row, %col, %rows, %x_stride, %pol_pass1, %cache_row)
-                : (memref<${N}x${T}>, index, index, index, index, i64, i1) -> vector<${V}x${T}>
-            scf.yield %m : vector<${V}x${T}>
+          %xv = scf.if %live -> (vector<${V}x${HT}>) {
+            %m = func.call @normir_fwd_load_h(%x_arg, %residual_arg, %row, %col, %rows, %x_stride, %residual_stride,
+                                              %pol_pass1, %cache_row)
+                : (memref<${N}x${T}>, memref<${N}x${RT}>, index, index, index, index, index, i64, i1) -> vector<${V}x${HT}>
+            scf.if %store_residual {
+              func.call @normir_store_residual_out(%residual_out_arg, %row, %col, %rows, %residual_out_stride, %m, %pol_store)
+                  : (memref<${N}x${HT}>, index, index, index, index, vector<${V}x${HT}>, i64) -> ()
+            }
+            scf.yield %m : vector<${V}x${HT}>
           } else {
-            scf.yield %zero_t : vector<${V}x${T}>
+            scf.yield %zero_h : vector<${V}x${HT}>
           }
           scf.if %cache_row {
-            vector.store %xv, %xbuf[%k, %c0] : memref<${K}x${V}x${T}, #gpu.address_space<private>>, vector<${V}x${T}>
+            vector.store %xv, %xbuf[%k, %c0] : memref<${K}x${V}x${HT}, #gpu.address_space<private>>, vector<${V}x${HT}>
           }
           // The weight's loads go out with x's, so pass 2 does not wait on them.
           %fetch_w = arith.andi %prefetch_w, %live : i1
@@ -124,7 +135,7 @@ ${ABSENT}
             %wv = vector.load %w_arg[%col] {alignment = ${W_ALIGN}} : memref<${N}x${WT}>, vector<${V}x${WT}>
             vector.store %wv, %wbuf[%k, %c0] : memref<${K}x${V}x${WT}, #gpu.address_space<private>>, vector<${V}x${WT}>
           }
-          %xf = ${EXT_T} %xv : vector<${V}x${T}> to vector<${V}xf32>
+          %xf = ${EXT_HT} %xv : vector<${V}x${HT}> to vector<${V}xf32>
           %acc_next = func.call @normir_fwd_acc(%acc, %xf) : (vector<${V}xf32>, vector<${V}xf32>) -> vector<${V}xf32>
           affine.yield %acc_next : vector<${V}xf32>
         }
@@ -158,9 +169,10 @@ ${ABSENT}
             %in_row = arith.cmpi ult, %chunk, %nchunk : index
             %live = arith.ori %always, %in_row : i1
             scf.if %live {
-              %v = func.call @normir_load_x(%x_arg, %row, %col, %rows, %x_stride, %pol_first, %true)
-                  : (memref<${N}x${T}>, index, index, index, index, i64, i1) -> vector<${V}x${T}>
-              vector.store %v, %xbuf[%k, %c0] : memref<${K}x${V}x${T}, #gpu.address_space<private>>, vector<${V}x${T}>
+              %v = func.call @normir_fwd_load_h(%x_arg, %residual_arg, %row, %col, %rows, %x_stride, %residual_stride,
+                                                %pol_first, %true)
+                  : (memref<${N}x${T}>, memref<${N}x${RT}>, index, index, index, index, index, i64, i1) -> vector<${V}x${HT}>
+              vector.store %v, %xbuf[%k, %c0] : memref<${K}x${V}x${HT}, #gpu.address_space<private>>, vector<${V}x${HT}>
               scf.if %has_weight {
                 %wv = vector.load %w_arg[%col] {alignment = ${W_ALIGN}} : memref<${N}x${WT}>, vector<${V}x${WT}>
                 vector.store %wv, %wbuf[%k, %c0] : memref<${K}x${V}x${WT}, #gpu.address_space<private>>, vector<${V}x${WT}>
@@ -179,15 +191,16 @@ ${ABSENT}
           %in_row = arith.cmpi ult, %chunk, %nchunk : index
           %live = arith.ori %always, %in_row : i1
           scf.if %live {
-            %xv = scf.if %x_held -> (vector<${V}x${T}>) {
-              %v = vector.load %xbuf[%k, %c0] : memref<${K}x${V}x${T}, #gpu.address_space<private>>, vector<${V}x${T}>
-              scf.yield %v : vector<${V}x${T}>
+            %xv = scf.if %x_held -> (vector<${V}x${HT}>) {
+              %v = vector.load %xbuf[%k, %c0] : memref<${K}x${V}x${HT}, #gpu.address_space<private>>, vector<${V}x${HT}>
+              scf.yield %v : vector<${V}x${HT}>
             } else {
-              %v = func.call @normir_load_x(%x_arg, %row, %col, %rows, %x_stride, %pol_first, %true)
-                  : (memref<${N}x${T}>, index, index, index, index, i64, i1) -> vector<${V}x${T}>
-              scf.yield %v : vector<${V}x${T}>
+              %v = func.call @normir_fwd_load_h(%x_arg, %residual_arg, %row, %col, %rows, %x_stride, %residual_stride,
+                                                %pol_first, %true)
+                  : (memref<${N}x${T}>, memref<${N}x${RT}>, index, index, index, index, index, i64, i1) -> vector<${V}x${HT}>
+              scf.yield %v : vector<${V}x${HT}>
             }
-            %xf = func.call @normir_late_ext(%xv) : (vector<${V}x${T}>) -> vector<${V}xf32>
+            %xf = func.call @normir_late_ext_h(%xv) : (vector<${V}x${HT}>) -> vector<${V}xf32>
             %xn = func.call @normir_fwd_norm(%xf, %rstd_v) : (vector<${V}xf32>, vector<${V}xf32>) -> vector<${V}xf32>
             %yf = scf.if %has_weight -> (vector<${V}xf32>) {
               %wv = scf.if %w_held -> (vector<${V}x${WT}>) {
@@ -197,20 +210,58 @@ ${ABSENT}
                 %v = vector.load %w_arg[%col] {alignment = ${W_ALIGN}} : memref<${N}x${WT}>, vector<${V}x${WT}>
                 scf.yield %v : vector<${V}x${WT}>
               }
-              %wf = ${EXT_WT} %wv : vector<${V}x${WT}> to vector<${V}xf32>
+              %wf0 = ${EXT_WT} %wv : vector<${V}x${WT}> to vector<${V}xf32>
+              %wf = scf.if %has_offset -> (vector<${V}xf32>) {  // y = x_hat * (w + weight_offset)
+                %wo = arith.addf %wf0, %offset_v : vector<${V}xf32>
+                scf.yield %wo : vector<${V}xf32>
+              } else {
+                scf.yield %wf0 : vector<${V}xf32>
+              }
               %yw = arith.mulf %xn, %wf : vector<${V}xf32>
               scf.yield %yw : vector<${V}xf32>
             } else {
               scf.yield %xn : vector<${V}xf32>
             }
-            %yv = ${TRUNC_T} %yf : vector<${V}xf32> to vector<${V}x${T}>
+            %yb = scf.if %has_bias -> (vector<${V}xf32>) {
+              %bv = vector.load %b_arg[%col] {alignment = ${ALIGN_BT}} : memref<${N}x${BT}>, vector<${V}x${BT}>
+              %bf = ${EXT_BT} %bv : vector<${V}x${BT}> to vector<${V}xf32>
+              %yb1 = arith.addf %yf, %bf : vector<${V}xf32>
+              scf.yield %yb1 : vector<${V}xf32>
+            } else {
+              scf.yield %yf : vector<${V}xf32>
+            }
+            %yv = ${TRUNC_YT} %yb : vector<${V}xf32> to vector<${V}x${YT}>
             func.call @normir_store_y(%y_arg, %row, %col, %rows, %y_stride, %yv, %pol_store)
-                : (memref<${N}x${T}>, index, index, index, index, vector<${V}x${T}>, i64) -> ()
+                : (memref<${N}x${YT}>, index, index, index, index, vector<${V}x${YT}>, i64) -> ()
           }
         }
       }
     }
     gpu.return
+  }
+
+  // The row the op normalizes, chunk [row, col : col + V], in its held type HT: x itself, or with
+  // HAS_RESIDUAL h = x + residual added in fp32 and rounded to HT (residual_out's type), so that
+  // the norm is taken of exactly what residual_out stores (and what the backward reads).
+  func.func private @normir_fwd_load_h(%x_arg: memref<${N}x${T}>, %residual_arg: memref<${N}x${RT}>, %row: index,
+      %col: index, %rows: index, %x_stride: index, %residual_stride: index, %policy: i64, %last: i1)
+      -> vector<${V}x${HT}> attributes {llvm.linkage = #llvm.linkage<internal>} {
+    %has_residual = arith.constant ${HAS_RESIDUAL}
+    %xv = func.call @normir_load_x(%x_arg, %row, %col, %rows, %x_stride, %policy, %last)
+        : (memref<${N}x${T}>, index, index, index, index, i64, i1) -> vector<${V}x${T}>
+    %h = scf.if %has_residual -> (vector<${V}x${HT}>) {
+      %rv = func.call @normir_load_residual(%residual_arg, %row, %col, %rows, %residual_stride, %policy, %last)
+          : (memref<${N}x${RT}>, index, index, index, index, i64, i1) -> vector<${V}x${RT}>
+      %xf = ${EXT_T} %xv : vector<${V}x${T}> to vector<${V}xf32>
+      %rf = ${EXT_RT} %rv : vector<${V}x${RT}> to vector<${V}xf32>
+      %hf = arith.addf %xf, %rf : vector<${V}xf32>
+      %hv = ${TRUNC_HT} %hf : vector<${V}xf32> to vector<${V}x${HT}>
+      scf.yield %hv : vector<${V}x${HT}>
+    } else {
+      %same = ${X_TO_H} %xv : vector<${V}x${T}> to vector<${V}x${HT}>
+      scf.yield %same : vector<${V}x${HT}>
+    }
+    return %h : vector<${V}x${HT}>
   }
 }
 }

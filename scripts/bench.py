@@ -6,6 +6,8 @@ Everything runs in one process, on one GPU, on the same inputs:
   the bytes read plus the bytes written;
 - forward, backward and (optionally) forward+backward of RMSNorm over the last dim, with bf16 x and
   weight (``--dtype``), eps 1e-6, shapes M x N with M*N = 2^27 (M = 2^27 // N);
+- the fused residual add (``add_fwd``, ``add_bwd``): h = x + residual, y = rmsnorm(h) * w, returning
+  (y, h); the backward from dy and d_residual_out gives dx (= dresidual) and dw;
 - small-M rows (N=4096, M in 1, 16, 128): host-visible microseconds per forward call, a wall clock
   over many back-to-back calls followed by one synchronize (host overhead + launch).
 
@@ -25,7 +27,12 @@ copy ceiling is the median of as many rounds. bench.json keeps every round's tim
   fwd:    x read + y written            = 2 * M * N * e
   bwd:    x, dy read + dx written       = 3 * M * N * e
   fwdbwd: the sum of the two            = 5 * M * N * e
-(weight, rstd and dw are O(M + N) and not counted.)
+  add_fwd: x, residual read + y, residual_out written             = 4 * M * N * e
+  add_bwd: dy, d_residual_out, residual_out read + dx written    = 4 * M * N * e
+(weight, rstd and dw are O(M + N) and not counted; dresidual is dx itself.) For the fused add, normir
+is ``fused_add_rmsnorm_fwd`` / ``fused_add_rmsnorm_bwd``, torch eager is ``x + residual`` then
+``F.rms_norm``, torch.compile compiles that, Liger is ``LigerFusedAddRMSNormFunction`` (in_place=False)
+and quack ``rmsnorm(x, w, residual=residual, prenorm=True)``.
 
 Output: a progress line per shape, then the summary tables (last, so a tail of the log shows them);
 ``bench.json`` (GPU, versions, date, copy GB/s, every time and error) and ``bench.png`` (GB/s vs N,
@@ -61,26 +68,49 @@ SMALL_N = 4096
 SMALL_MS = (1, 16, 128)
 SMALL_CALLS = 2000
 DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
-OPS = ("fwd", "bwd", "fwdbwd")
-BYTES_PER_ELEM = {"fwd": 2, "bwd": 3, "fwdbwd": 5}  # tensors of M x N that each op must move
+OPS = ("fwd", "bwd", "fwdbwd", "add_fwd", "add_bwd")
+BYTES_PER_ELEM = {"fwd": 2, "bwd": 3, "fwdbwd": 5, "add_fwd": 4, "add_bwd": 4}  # M x N tensors each op moves
+
+
+@dataclass(frozen=True)
+class Inputs:
+    """One shape's tensors, shared by every provider: x, residual, dy and d_residual_out (M x N),
+    the weight (N)."""
+
+    x: torch.Tensor
+    residual: torch.Tensor | None
+    w: torch.Tensor
+    dy: torch.Tensor | None
+    dh: torch.Tensor | None
+
 
 Fn = Callable[[torch.Tensor, torch.Tensor, float], Any]  # (x, w, eps) -> y
-Setup = Callable[[torch.Tensor, torch.Tensor, torch.Tensor, float], Callable[[], Any]]  # (x, w, dy, eps) -> timed fn
+AddFn = Callable[[torch.Tensor, torch.Tensor, torch.Tensor, float], Any]  # (x, residual, w, eps) -> (y, h)
+Setup = Callable[[Inputs], Callable[[], Any]]  # prepares what the timed call needs, returns that call
 
 
 @dataclass(frozen=True)
 class Provider:
-    """One implementation. fwd computes y (inputs need no grad); bwd and fwdbwd are setups that
-    prepare whatever the timed call needs (a retained graph, rstd) and return that call."""
+    """One implementation: per op it offers, a setup that prepares whatever the timed call needs
+    (a retained graph, rstd) and returns that call."""
 
     name: str
-    fwd: Fn | None = None
-    bwd: Setup | None = None
-    fwdbwd: Setup | None = None
+    ops: dict[str, Setup]
 
     @property
     def is_peer(self) -> bool:
         return not self.name.startswith("normir")
+
+
+def provider(name: str, fn: Fn | None = None, add: AddFn | None = None, **ops: Setup) -> Provider:
+    """A provider from a differentiable rmsnorm fn and fused-add fn (forward, backward through
+    autograd, forward+backward), with the setups in ops taking their place where given."""
+    made: dict[str, Setup] = {}
+    if fn is not None:
+        made.update(fwd=forward(fn), bwd=autograd_bwd(fn), fwdbwd=autograd_fwdbwd(fn))
+    if add is not None:
+        made.update(add_fwd=add_forward(add), add_bwd=add_autograd_bwd(add))
+    return Provider(name, {**made, **ops})
 
 
 # ---------------------------------------------------------------------------- setups
@@ -90,13 +120,17 @@ def _leaves(x: torch.Tensor, w: torch.Tensor) -> tuple[torch.Tensor, torch.Tenso
     return x.detach().requires_grad_(True), w.detach().requires_grad_(True)
 
 
+def forward(fn: Fn) -> Setup:
+    return lambda t: lambda: fn(t.x, t.w, EPS)
+
+
 def autograd_bwd(fn: Fn) -> Setup:
     """Backward of a differentiable fn: autograd.grad on a graph built once and retained."""
 
-    def setup(x, w, dy, eps):
-        xr, wr = _leaves(x, w)
-        y = fn(xr, wr, eps)
-        return lambda: torch.autograd.grad(y, [xr, wr], dy, retain_graph=True)
+    def setup(t: Inputs):
+        xr, wr = _leaves(t.x, t.w)
+        y = fn(xr, wr, EPS)
+        return lambda: torch.autograd.grad(y, [xr, wr], t.dy, retain_graph=True)
 
     return setup
 
@@ -104,9 +138,26 @@ def autograd_bwd(fn: Fn) -> Setup:
 def autograd_fwdbwd(fn: Fn) -> Setup:
     """Forward then backward of a differentiable fn, both inside the timed call."""
 
-    def setup(x, w, dy, eps):
-        xr, wr = _leaves(x, w)
-        return lambda: torch.autograd.grad(fn(xr, wr, eps), [xr, wr], dy)
+    def setup(t: Inputs):
+        xr, wr = _leaves(t.x, t.w)
+        return lambda: torch.autograd.grad(fn(xr, wr, EPS), [xr, wr], t.dy)
+
+    return setup
+
+
+def add_forward(fn: AddFn) -> Setup:
+    return lambda t: lambda: fn(t.x, t.residual, t.w, EPS)
+
+
+def add_autograd_bwd(fn: AddFn) -> Setup:
+    """Backward of a differentiable fused add, (y, h) -> (dx, dresidual, dw) given dy and
+    d_residual_out, on a graph built once and retained."""
+
+    def setup(t: Inputs):
+        xr, wr = _leaves(t.x, t.w)
+        rr = t.residual.detach().requires_grad_(True)
+        y, h = fn(xr, rr, wr, EPS)
+        return lambda: torch.autograd.grad([y, h], [xr, rr, wr], [t.dy, t.dh], retain_graph=True)
 
     return setup
 
@@ -114,11 +165,30 @@ def autograd_fwdbwd(fn: Fn) -> Setup:
 def normir_bwd(atomic_dw: bool) -> Setup:
     """normir backward as one rmsnorm_bwd call (dx and dw), rstd from a forward done outside."""
 
-    def setup(x, w, dy, eps):
+    def setup(t: Inputs):
         import normir
 
-        _, rstd = normir.rmsnorm_fwd(x, w, eps, store_rstd=True)
-        return lambda: normir.rmsnorm_bwd(x, w, dy, rstd, atomic_dw=atomic_dw)
+        _, rstd = normir.rmsnorm_fwd(t.x, t.w, EPS, store_rstd=True)
+        return lambda: normir.rmsnorm_bwd(t.x, t.w, t.dy, rstd, atomic_dw=atomic_dw)
+
+    return setup
+
+
+def normir_add_fwd(t: Inputs) -> Callable[[], Any]:
+    import normir
+
+    return lambda: normir.fused_add_rmsnorm_fwd(t.x, t.residual, t.w, EPS)
+
+
+def normir_add_bwd(atomic: bool) -> Setup:
+    """normir's fused-add backward as one fused_add_rmsnorm_bwd call (dh and dw), from a forward
+    done outside."""
+
+    def setup(t: Inputs):
+        import normir
+
+        _, h, rstd = normir.fused_add_rmsnorm_fwd(t.x, t.residual, t.w, EPS, store_rstd=True)
+        return lambda: normir.fused_add_rmsnorm_bwd(t.dy, h, t.w, rstd, t.dh, atomic=atomic)
 
     return setup
 
@@ -136,17 +206,26 @@ def load_normir() -> list[Provider]:
     import normir
 
     return [
-        Provider("normir", fwd=lambda x, w, eps: normir.rmsnorm_fwd(x, w, eps)[0], bwd=normir_bwd(False),
-                 fwdbwd=autograd_fwdbwd(normir.rmsnorm)),
-        Provider("normir-atomic", bwd=normir_bwd(True)),
+        Provider("normir", {"fwd": forward(lambda x, w, eps: normir.rmsnorm_fwd(x, w, eps)[0]),
+                            "bwd": normir_bwd(False), "fwdbwd": autograd_fwdbwd(normir.rmsnorm),
+                            "add_fwd": normir_add_fwd, "add_bwd": normir_add_bwd(False)}),
+        Provider("normir-atomic", {"bwd": normir_bwd(True), "add_bwd": normir_add_bwd(True)}),
     ]
+
+
+def _add_then_norm(norm: Fn) -> AddFn:
+    def add(x, residual, w, eps):
+        h = x + residual
+        return norm(h, w, eps), h
+
+    return add
 
 
 def load_torch() -> list[Provider]:
     def eager(x, w, eps):
         return torch.nn.functional.rms_norm(x, (x.shape[-1],), w, eps)
 
-    return [Provider("torch", fwd=eager, bwd=autograd_bwd(eager), fwdbwd=autograd_fwdbwd(eager))]
+    return [provider("torch", eager, _add_then_norm(eager))]
 
 
 def load_compile() -> list[Provider]:
@@ -157,16 +236,21 @@ def load_compile() -> list[Provider]:
         if hasattr(dcfg, key):
             setattr(dcfg, key, 1000)
     compiled = torch.compile(_rmsnorm_fp32, dynamic=False)
-    return [Provider("compile", fwd=compiled, bwd=autograd_bwd(compiled), fwdbwd=autograd_fwdbwd(compiled))]
+    compiled_add = torch.compile(_add_then_norm(_rmsnorm_fp32), dynamic=False)
+    return [provider("compile", compiled, compiled_add)]
 
 
 def load_liger() -> list[Provider]:
     fn_cls = importlib.import_module("liger_kernel.ops.rms_norm").LigerRMSNormFunction
+    add_cls = importlib.import_module("liger_kernel.ops.fused_add_rms_norm").LigerFusedAddRMSNormFunction
 
     def liger(x, w, eps):  # offset 0, Llama casting (fp32 rstd), in_place=False: dy stays intact
         return fn_cls.apply(x, w, eps, 0.0, "llama", False)
 
-    return [Provider("liger", fwd=liger, bwd=autograd_bwd(liger), fwdbwd=autograd_fwdbwd(liger))]
+    def liger_add(x, residual, w, eps):  # returns (y, x + residual)
+        return add_cls.apply(x, residual, w, eps, 0.0, "llama", False)
+
+    return [provider("liger", liger, liger_add)]
 
 
 def load_quack() -> list[Provider]:
@@ -176,7 +260,10 @@ def load_quack() -> list[Provider]:
     def quack(x, w, eps):
         return mod.rmsnorm(x, w, eps=eps)
 
-    return [Provider("quack", fwd=quack, bwd=autograd_bwd(quack), fwdbwd=autograd_fwdbwd(quack))]
+    def quack_add(x, residual, w, eps):
+        return mod.rmsnorm(x, w, residual=residual, eps=eps, prenorm=True)
+
+    return [provider("quack", quack, quack_add)]
 
 
 # name -> loader, in column order; a loader that raises drops its providers with the reason.
@@ -273,21 +360,11 @@ def copy_ceiling(dtype: torch.dtype, rounds: int) -> dict[str, Any]:
     return {"elements": COPY_ELEMS, "bytes": nbytes, "ms": ms, "ms_rounds": times, "gbps": gbps(nbytes, ms)}
 
 
-def offers(p: Provider, op: str) -> bool:
-    return (p.fwd if op == "fwd" else p.bwd if op == "bwd" else p.fwdbwd) is not None
-
-
-def timed_call(p: Provider, op: str, x: torch.Tensor, w: torch.Tensor, dy: torch.Tensor) -> Callable[[], Any]:
-    """The call to time for provider p and op (one that p offers)."""
-    if op == "fwd":
-        return lambda: p.fwd(x, w, EPS)
-    setup = p.bwd if op == "bwd" else p.fwdbwd
-    return setup(x, w, dy, EPS)
 
 
 def measure_shape(providers: list[Provider], ops: list[str], m: int, n: int,
                   dtype: torch.dtype, rounds: int) -> dict[str, dict[str, Any]]:
-    """Every provider and op on one M x N shape, in `rounds` rotated rounds; fresh random x, w, dy
+    """Every provider and op on one M x N shape, in `rounds` rotated rounds; fresh random inputs
     shared by all (freed before the cache is emptied)."""
     out = _measure_shape(providers, ops, m, n, dtype, rounds)
     torch.cuda.empty_cache()
@@ -296,16 +373,19 @@ def measure_shape(providers: list[Provider], ops: list[str], m: int, n: int,
 
 def _measure_shape(providers: list[Provider], ops: list[str], m: int, n: int,
                    dtype: torch.dtype, rounds: int) -> dict[str, dict[str, Any]]:
-    x = torch.randn(m, n, device="cuda", dtype=dtype)
-    w = torch.randn(n, device="cuda", dtype=dtype)
-    dy = torch.randn(m, n, device="cuda", dtype=dtype)
+    def rows() -> torch.Tensor:
+        return torch.randn(m, n, device="cuda", dtype=dtype)
+
+    add = any(op.startswith("add_") for op in ops)
+    t = Inputs(x=rows(), residual=rows() if add else None, w=torch.randn(n, device="cuda", dtype=dtype), dy=rows(),
+               dh=rows() if add else None)
     out = {}
     for op in ops:
-        nbytes = BYTES_PER_ELEM[op] * m * n * x.element_size()
-        by_name = {p.name: p for p in providers if offers(p, op)}
+        nbytes = BYTES_PER_ELEM[op] * m * n * t.x.element_size()
+        by_name = {p.name: p.ops[op] for p in providers if op in p.ops}
         # A fresh setup per round (a retained graph for the backward), dropped once timed.
         ms, ms_rounds, errors = in_rounds(
-            list(by_name), rounds, lambda name, op=op, by_name=by_name: bench_ms(timed_call(by_name[name], op, x, w, dy)))
+            list(by_name), rounds, lambda name, by_name=by_name: bench_ms(by_name[name](t)))
         row = {"M": m, "N": n, "bytes": nbytes, "ms": ms, "ms_rounds": ms_rounds,
                "gbps": {k: gbps(nbytes, v) for k, v in ms.items()}, "errors": errors}
         out[op] = row
@@ -332,9 +412,9 @@ def small_row(providers: list[Provider], m: int, dtype: torch.dtype, rounds: int
     """Host-visible us per forward call of every provider on one m x SMALL_N shape: the median of
     `rounds` rotated rounds."""
     x = torch.randn(m, SMALL_N, device="cuda", dtype=dtype)
-    w = torch.randn(SMALL_N, device="cuda", dtype=dtype)
-    fwd = {p.name: p.fwd for p in providers if p.fwd is not None}
-    us, us_rounds, errors = in_rounds(list(fwd), rounds, lambda name: host_us(lambda: fwd[name](x, w, EPS)))
+    t = Inputs(x=x, residual=None, w=torch.randn(SMALL_N, device="cuda", dtype=dtype), dy=None, dh=None)
+    fwd = {p.name: p.ops["fwd"] for p in providers if "fwd" in p.ops}
+    us, us_rounds, errors = in_rounds(list(fwd), rounds, lambda name: host_us(fwd[name](t)))
     return {"M": m, "N": SMALL_N, "calls": SMALL_CALLS, "us": us, "us_rounds": us_rounds, "errors": errors}
 
 
@@ -449,7 +529,8 @@ def plot(path: Path, data: dict[str, Any]) -> None:
         ax.minorticks_off()
         ax.set_xlabel("N (M = 2^27 // N)")
         ax.set_ylabel("GB/s")
-        ax.set_title(f"rmsnorm {op}, {data['dtype']}")
+        ax.set_title(f"{'fused add + ' if op.startswith('add_') else ''}rmsnorm {op.removeprefix('add_')}, "
+                     f"{data['dtype']}")
         ax.grid(alpha=0.3)
         ax.set_ylim(bottom=0)
         ax.legend(fontsize=8)

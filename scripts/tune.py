@@ -1,4 +1,6 @@
-"""Time layout variants (threads per row) of the RMSNorm kernels side by side on one GPU.
+"""Time layout variants (threads per row) of the RMSNorm kernels (fwd, bwd) and the fused
+residual add's (add_fwd, add_bwd: residual in x's type, d_residual_out given) side by side on
+one GPU.
 
     python scripts/tune.py plan        # print the variants' Options (for `normir aot`)
     python scripts/tune.py run         # on the GPU: GB/s per variant, M*N = 2^27, bf16
@@ -20,8 +22,20 @@ VARIANTS = {  # (op, N, dtype): layouts to compare, as NORMIR_TPR values ("0": t
     # L1 (h53), stores evicting first (h23), and batched (b1).
     ("fwd", 7168, "bf16"): ("0", "448h53r0", "448h23r0"),
     ("fwd", 8192, "bf16"): ("0", "512h53r0", "512h23r0", "512h21r0b1"),
+    # The fused add at 65536: two row loads in flight per chunk (x, residual) beside the held h.
+    ("add_fwd", 65536, "bf16"): ("0", "256x8", "256x4"),
+    ("add_fwd", 16384, "bf16"): ("0", "512h53r0b0", "1024h53r0", "512h21r0b1"),
+    ("add_bwd", 2880, "bf16"): ("0",),
+    ("add_bwd", 7168, "bf16"): ("0", "0s0"),
+    ("add_bwd", 8192, "bf16"): ("0", "0s0"),
+    ("add_bwd", 32768, "bf16"): ("0", "0o0", "0p0"),
+    ("add_bwd", 65536, "bf16"): ("0", "0o0"),
 }
-KERNEL = {"fwd": "rmsnorm_fwd", "bwd": "rmsnorm_bwd"}
+KERNEL = {"fwd": "rmsnorm_fwd", "bwd": "rmsnorm_bwd", "add_fwd": "fused_add_rmsnorm_fwd",
+          "add_bwd": "fused_add_rmsnorm_bwd"}
+# The fused kernels' feature options (the bf16 residual, d_residual_out) for launch.handle.
+EXTRA = {"add_fwd": (("rdtype", "bf16"), ("store_residual", True)), "add_bwd": (("has_dres_out", True),)}
+BYTES = {"fwd": 2, "bwd": 3, "add_fwd": 4, "add_bwd": 4}
 
 
 def _parse(variant: str) -> dict[str, int]:
@@ -38,11 +52,21 @@ def plan() -> list[dict]:
     from normir.layout import DTYPES, max_vec
     from normir.ops.rmsnorm import BWD_KEY_EPS
 
+    sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "tests"))
+    from gpu_cases import fused_bwd, fused_fwd
+
     out = []
     for (op, n, dt), variants in VARIANTS.items():
         for variant in variants:
             knobs = _parse(variant)
             vec = min(max_vec(n, DTYPES[dt]), knobs.pop("vec") or 64)
+            if op == "add_fwd":
+                out += [{**fused_fwd(n, dt, dt, store_rstd=s, vec=vec), **knobs} for s in (False, True)]
+                continue
+            if op == "add_bwd":
+                out += [{**d, **knobs} if d["kernel"] != "rmsnorm_dw_reduce" else d
+                        for d in fused_bwd(n, dt, dt, vec=vec)] + [fused_fwd(n, dt, dt, vec=vec)]
+                continue
             fwd = dict(kernel="rmsnorm_fwd", n=n, dtype=dt, wdtype=dt, eps=1e-6, target="sm_90", vec=vec)
             if op == "fwd":
                 out += [{**fwd, **knobs, "store_rstd": False}, {**fwd, **knobs, "store_rstd": True}]
@@ -59,8 +83,27 @@ def plan() -> list[dict]:
 def _outputs(normir, op: str, x, w, dy) -> tuple:
     if op == "fwd":
         return (normir.rmsnorm_fwd(x, w, 1e-6)[0],)
+    if op == "add_fwd":
+        return normir.fused_add_rmsnorm_fwd(x, dy, w, 1e-6)[:2]  # dy stands in for the residual
+    if op == "add_bwd":
+        _, h, rstd = normir.fused_add_rmsnorm_fwd(x, dy, w, 1e-6, store_rstd=True)
+        return normir.fused_add_rmsnorm_bwd(dy, h, w, rstd, x)[:2]  # x stands in for d_residual_out
     _, rstd = normir.rmsnorm_fwd(x, w, 1e-6, store_rstd=True)
     return normir.rmsnorm_bwd(x, w, dy, rstd)
+
+
+def _timed(normir, op: str, x, w, dy) -> dict:
+    """The calls to time for one placement: {tag: fn}."""
+    if op == "fwd":
+        return {"": lambda: normir.rmsnorm_fwd(x, w, 1e-6)}
+    if op == "add_fwd":
+        return {"": lambda: normir.fused_add_rmsnorm_fwd(x, dy, w, 1e-6)}
+    if op == "add_bwd":
+        _, h, rstd = normir.fused_add_rmsnorm_fwd(x, dy, w, 1e-6, store_rstd=True)
+        return {"": lambda: normir.fused_add_rmsnorm_bwd(dy, h, w, rstd, x)}
+    _, rstd = normir.rmsnorm_fwd(x, w, 1e-6, store_rstd=True)
+    return {"": lambda: normir.rmsnorm_bwd(x, w, dy, rstd),
+            "no-w": lambda: normir.rmsnorm_bwd(x, None, dy, rstd)}
 
 
 def _placements(m: int, n: int, tdt, count: int) -> list[tuple]:
@@ -106,21 +149,16 @@ def run() -> None:
             for variant in order:
                 os.environ["NORMIR_TPR"] = "" if variant == "0" else f"{KERNEL[op]}:{n}={variant}"
                 launch.clear_handles()
-                nbytes = (2 if op == "fwd" else 3) * m * n * sets[0][0].element_size()
-                h, lay = launch.handle(KERNEL[op], 0, n, dt, dt, 1e-6, True, False, 16 // sets[0][0].element_size())
+                nbytes = BYTES[op] * m * n * sets[0][0].element_size()
+                h, lay = launch.handle(KERNEL[op], 0, n, dt, dt, 1e-6, True, False, 16 // sets[0][0].element_size(),
+                                       extra=EXTRA.get(op, ()))
                 got = _outputs(normir, op, *sets[0])
                 same = all(torch.equal(a, b) for a, b in zip(got, ref))
                 diffs[variant] = "=" if same else "max diff " + "/".join(
                     f"{(a.float() - b.float()).abs().max().item():.2g}" for a, b in zip(got, ref))
                 per: dict[str, list[float]] = {}
                 for p, (x, w, dy) in enumerate(sets):
-                    _, rstd = normir.rmsnorm_fwd(x, w, 1e-6, store_rstd=True)
-                    if op == "fwd":
-                        timed = {"": lambda x=x, w=w: normir.rmsnorm_fwd(x, w, 1e-6)}
-                    else:
-                        timed = {"": lambda x=x, w=w, dy=dy, rstd=rstd: normir.rmsnorm_bwd(x, w, dy, rstd)}
-                        timed["no-w"] = lambda x=x, dy=dy, rstd=rstd: normir.rmsnorm_bwd(x, None, dy, rstd)
-                    for tag, fn in timed.items():
+                    for tag, fn in _timed(normir, op, x, w, dy).items():
                         ms = do_bench(fn, warmup=25, rep=100, return_mode="median")
                         per.setdefault(variant + tag, []).append(nbytes / ms / 1e6)
                         labels[variant + tag] = (

@@ -73,6 +73,35 @@ def tpr_value(layout: dict) -> str:
         out += f"b{layout['batch_reload']}"
     return out
 
+# Fused residual-add RMSNorm (test_gpu_fused_add.py). Each combination of dtypes and features:
+# (x, residual, weight, bias, residual_dtype, out_dtype, weight_offset); None: absent / default.
+FUSED_COMBOS = (
+    ("bf16", "f32", "bf16", None, None, None, 0.0),  # the fp32 residual stream: dx bf16, dresidual f32
+    ("bf16", "bf16", "bf16", None, "f32", None, 0.0),  # residual_out in fp32 from 16-bit inputs
+    ("f16", "f16", "bf16", None, None, None, 0.0),  # a bf16 weight with f16 x
+    ("bf16", "bf16", "f32", None, None, None, 0.0),  # an fp32 weight with bf16 x
+    ("bf16", "bf16", "bf16", None, None, "f32", 0.0),  # out_dtype
+    ("bf16", "bf16", "bf16", None, None, None, 1.0),  # weight_offset (Gemma's 1 + w)
+    ("bf16", "bf16", "bf16", "bf16", None, None, 0.0),  # a bias
+    ("f16", "f16", "f32", "f32", "f32", "f32", 1.0),  # all of them at once
+    ("f32", "f32", "f32", None, "bf16", None, 0.0),  # a 16-bit residual_out from fp32 inputs
+    ("bf16", None, "bf16", "bf16", None, None, 0.0),  # a bias without a residual
+)
+# 100: narrow vectors; 2880: a masked tail; 8192: a multi-warp row; 65536: clusters, the
+# re-reading path with two fp32 row tensors, the column sums in memory.
+FUSED_N = (100, 2880, 8192, 65536)
+# scripts/sanitize.py: (N, x's dtype) with two combinations: the residual in x's type, and an fp32
+# residual with a bias and a weight offset (dx and dresidual both written, db summed).
+SANITIZE_FUSED = ((100, "bf16"), (2880, "bf16"), (4096, "f16"), (16384, "bf16"), (65536, "bf16"), (131072, "f32"))
+
+
+def sanitize_combos(dt: str) -> tuple[tuple, ...]:
+    return (dt, dt, dt, None, None, None, 0.0), (dt, "f32", dt, dt, None, None, 1.0)
+
+
+FUSED_EPS_N = 4096
+FUSED_ATOMIC_N = 4096
+
 BENCH_N = (1024, 2048, 2880, 4096, 7168, 8192, 16384, 32768, 65536)
 PROFILE_N = 4096  # scripts/host_profile.py
 
@@ -89,6 +118,32 @@ def _bwd(n, dt, wdt, has_weight=True, atomic=False, vec=0, **layout):
     if has_weight:
         out.append(dict(kernel="rmsnorm_dw_reduce", n=n, dtype="f32", wdtype=wdt, eps=BWD_KEY_EPS, target="sm_90",
                         has_weight=True, store_rstd=False, vec=max_vec(n, 4)))
+    return out
+
+
+def fused_fwd(n, x, r=None, w="", b=None, s=None, o=None, offset=0.0, *, eps=1e-6, store_rstd=True,
+              store_residual=True, vec=0) -> dict:
+    """The forward specialization normir.ops.fused_add_rmsnorm._fwd launches for these dtypes (a
+    weight of w's type; "" its default, x's; None no weight)."""
+    return dict(kernel="fused_add_rmsnorm_fwd", n=n, dtype=x, wdtype=w or x, eps=eps, target="sm_90",
+                has_weight=w is not None, store_rstd=store_rstd, vec=vec, rdtype=r or "", sdtype=(s or "") if r else "",
+                odtype=o or "", bdtype=b or "", store_residual=bool(r) and store_residual, weight_offset=offset)
+
+
+def fused_bwd(n, x, r=None, w="", b=None, s=None, o=None, offset=0.0, *, dres_out=True, atomic=False,
+              vec=0) -> list[dict]:
+    """The backward specializations autograd launches after fused_fwd with these dtypes: the
+    row kernel (residual_out in s or r or x, dy in o or x, dx in x, dresidual in r where it
+    differs) and the column sums of dw and db."""
+    h = (s or r) if r else x
+    out = [dict(kernel="fused_add_rmsnorm_bwd", n=n, dtype=h, wdtype=w or x, eps=BWD_KEY_EPS, target="sm_90",
+                has_weight=w is not None, store_rstd=False, vec=vec, atomic_dw=atomic,
+                rdtype=r if r and r != x else "", odtype=o or x, xdtype=x, bdtype="f32" if b else "",
+                has_dres_out=bool(r) and dres_out, weight_offset=offset)]
+    for t in ((w or x) if w is not None else None, b):
+        if t and not atomic:
+            out.append(dict(kernel="rmsnorm_dw_reduce", n=n, dtype="f32", wdtype=t, eps=BWD_KEY_EPS, target="sm_90",
+                            has_weight=True, store_rstd=False, vec=max_vec(n, 4)))
     return out
 
 
@@ -135,6 +190,7 @@ def specializations() -> list[dict]:
     for n in BENCH_N:
         plan += [_fwd(n, "bf16", "bf16", store_rstd=False), _fwd(n, "bf16", "bf16")]
         plan += _bwd(n, "bf16", "bf16") + _bwd(n, "bf16", "bf16", atomic=True)
+    plan += fused_specializations()
     seen, out = set(), []
     for p in plan:
         k = tuple(sorted(p.items()))
@@ -142,3 +198,41 @@ def specializations() -> list[dict]:
             seen.add(k)
             out.append(p)
     return out
+
+
+def fused_specializations() -> list[dict]:
+    """What test_gpu_fused_add.py and the benchmark's fused rows launch."""
+    plan: list[dict] = []
+    for dt in DTYPE_NAMES:  # the shared N and M sets, residual in x's type, d_residual_out given
+        for n in FWD_N:
+            plan += [fused_fwd(n, dt, dt)] + fused_bwd(n, dt, dt)
+    for combo in FUSED_COMBOS:
+        for n in FUSED_N:
+            plan.append(fused_fwd(n, *combo))
+            plan += fused_bwd(n, *combo) + fused_bwd(n, *combo, dres_out=False)
+    for n, dt in SANITIZE_FUSED:
+        for combo in sanitize_combos(dt):
+            plan += [fused_fwd(n, *combo)] + fused_bwd(n, *combo)
+    for eps in EPS:
+        plan.append(fused_fwd(FUSED_EPS_N, "bf16", "bf16", eps=eps, store_rstd=False, store_residual=True))
+    n = FUSED_ATOMIC_N
+    plan += fused_bwd(n, "bf16", "bf16", b="bf16", atomic=True) + fused_bwd(n, "bf16", "bf16", b="bf16")
+    plan += [fused_fwd(n, "bf16", "bf16", b="bf16")]
+    # No weight; prenorm without a residual (x normalized, residual_out = x); only the residual
+    # requiring grad; one row; 3D; the standalone forward without rstd.
+    plan += [fused_fwd(1024, "bf16", w=None), fused_fwd(1024, "bf16", w=None, store_rstd=False)]
+    plan += fused_bwd(1024, "bf16", w=None) + [fused_fwd(1024, "bf16")] + fused_bwd(1024, "bf16")
+    plan += [fused_fwd(2880, "f32", "f32", s="bf16", store_rstd=False)]
+    plan += [fused_fwd(1024, "bf16", "f32", b="bf16", offset=o) for o in (0.0, 1.0)]  # opcheck
+    plan += fused_bwd(1024, "bf16", "f32", b="bf16") + fused_bwd(1024, "bf16", "f32", b="bf16", offset=1.0)
+    for n, _, _ in ALIGN_CASES[:3]:
+        for v in _vecs(n, "bf16"):
+            plan += [fused_fwd(n, "bf16", "bf16", vec=v)] + fused_bwd(n, "bf16", "bf16", vec=v)
+    gradcheck = ("f32", "f32", "f32", "f32", None, None, 1.0)
+    plan += [fused_fwd(100, *gradcheck)] + fused_bwd(100, *gradcheck)
+    plan += [fused_fwd(TRAIN_N, "bf16", "f32")] + fused_bwd(TRAIN_N, "bf16", "f32")
+    for n in BENCH_N:
+        plan += [fused_fwd(n, "bf16", "bf16", store_rstd=False), fused_fwd(n, "bf16", "bf16")]
+        plan += fused_bwd(n, "bf16", "bf16") + fused_bwd(n, "bf16", "bf16", atomic=True) + fused_bwd(n, "bf16", "f32")
+        plan += [fused_fwd(n, "bf16", "f32", store_rstd=False), fused_fwd(n, "bf16", "f32")]
+    return plan

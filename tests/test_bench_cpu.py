@@ -65,3 +65,11 @@ def test_by_round_pairs_each_round():
     assert (ahead, n) == (2, 3) and median == pytest.approx(1.0)  # +1%, -1%, +5%
     assert bench.by_round(row, "odd") is None and bench.by_round(row, "liger") is None
     assert bench.by_round({}, "quack") is None
+
+
+def test_a_provider_offers_every_op_of_its_functions():
+    p = bench.provider("peer", lambda x, w, eps: x, lambda x, r, w, eps: (x, r))
+    assert set(p.ops) == set(bench.OPS) and p.is_peer
+    only = bench.provider("normir-x", add=lambda x, r, w, eps: (x, r), fwd=lambda t: lambda: None)
+    assert set(only.ops) == {"fwd", "add_fwd", "add_bwd"} and not only.is_peer
+    assert set(bench.BYTES_PER_ELEM) == set(bench.OPS)

@@ -56,16 +56,15 @@ def check_like(t: torch.Tensor, x: torch.Tensor, name: str) -> None:
 
 
 def check_weight(weight: torch.Tensor | None, x: torch.Tensor, n: int, name: str = "weight") -> torch.Tensor | None:
-    """A per-column tensor: None, or (N,) in x's dtype or float32 on x's device. A strided one is
-    copied (N elements)."""
+    """A per-column tensor: None, or (N,) on x's device in float32, float16 or bfloat16, whatever
+    x's dtype (each read in its own type). A strided one is copied (N elements)."""
     if weight is None:
         return None
     if not isinstance(weight, torch.Tensor):
         raise TypeError(f"{name} must be a torch.Tensor or None, got {type(weight).__name__}")
     if weight.get_device() != x.get_device():
         raise ValueError(f"{name} is on {weight.device} but x is on {x.device}; put both on one device")
-    if weight.dtype not in (x.dtype, torch.float32):
-        raise TypeError(f"{name} has dtype {weight.dtype}; it must match x ({x.dtype}) or be torch.float32")
+    L.dtype_name(weight.dtype, name)
     if weight.dim() != 1 or weight.shape[0] != n:
         raise ValueError(f"{name} has shape {tuple(weight.shape)}; it must be ({n},), the size of x's last dim")
     return weight if weight.is_contiguous() else weight.contiguous()
@@ -100,10 +99,12 @@ def rows_of(t: torch.Tensor) -> tuple[torch.Tensor, int]:
     return t2, stride
 
 
-def vector_width(n: int, tensors: tuple[torch.Tensor | None, ...], strides: tuple[int, ...]) -> int:
-    """The widest vector (elements of the first tensor) that N, the row strides and every tensor's
-    alignment allow: 16 bytes where all of them are 16-byte aligned."""
-    eb = tensors[0].element_size()
+def vector_width(n: int, tensors: tuple[torch.Tensor | None, ...], strides: tuple[int, ...], rows: int = 0) -> int:
+    """The widest vector (elements) that N, the row strides and every tensor's alignment allow:
+    16 bytes of the narrowest of the first `rows` tensors (the row tensors; 0: the first alone),
+    where all of them are 16-byte aligned."""
+    row_tensors = [t for t in tensors[:rows or 1] if t is not None]
+    eb = min(t.element_size() for t in row_tensors)
     widest = MAX_VECTOR_BYTES // eb
     ptrs = [(t.data_ptr(), t.element_size()) for t in tensors if t is not None]
     if n % widest == 0 and all(s % widest == 0 for s in strides) and all(p % MAX_VECTOR_BYTES == 0 for p, _ in ptrs):
@@ -168,8 +169,10 @@ _plans: dict[tuple, Plan] = L.derived_cache({})
 
 
 def plan(kernel: str, dev: int, n: int, dtype: str, wdtype: str, eps: float, has_weight: bool, store_rstd: bool,
-         vec: int, atomic_dw: bool = False) -> Plan:
-    key = (kernel, dev, n, dtype, wdtype, eps, has_weight, store_rstd, vec, atomic_dw)
+         vec: int, atomic_dw: bool = False, extra: tuple[tuple[str, object], ...] = ()) -> Plan:
+    """The kernel for a problem, loaded, with its layout and grid (cached); extra: more Options
+    fields as (name, value) pairs."""
+    key = (kernel, dev, n, dtype, wdtype, eps, has_weight, store_rstd, vec, atomic_dw, extra)
     p = _plans.get(key)
     if p is None:
         h, lay = L.handle(*key)

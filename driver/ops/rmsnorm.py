@@ -13,6 +13,7 @@ import torch
 from .. import launch as L
 from . import _rows as R
 from ._rows import BWD_KEY_EPS, check_eps, check_input, check_like, check_stat, check_weight, rows_of  # noqa: F401
+from .fused_add_rmsnorm import fused_norm
 
 # ---------------------------------------------------------------------------- launches
 
@@ -264,18 +265,23 @@ class RMSNormFunction(torch.autograd.Function):
 
 
 def rmsnorm(x: torch.Tensor, weight: torch.Tensor | None = None, eps: float = 1e-6, *,
-            residual: torch.Tensor | None = None, prenorm: bool = False, out_dtype: torch.dtype | None = None,
-            residual_dtype: torch.dtype | None = None, weight_offset: float = 0.0) -> torch.Tensor:
-    """RMSNorm with autograd (quack's signature; the fused-residual arguments come later)."""
-    unsupported = {"residual": residual is not None, "prenorm": prenorm, "out_dtype": out_dtype is not None,
-                   "residual_dtype": residual_dtype is not None, "weight_offset": weight_offset != 0.0}
-    for name, given in unsupported.items():
-        if given:
-            raise NotImplementedError(f"rmsnorm({name}=...) is not supported yet; leave it at its default")
-    if R.eager(x):
-        return RMSNormFunction.apply(x, weight, eps)
-    need_grad = torch.is_grad_enabled() and (x.requires_grad or (weight is not None and weight.requires_grad))
-    return torch.ops.normir.rmsnorm_fwd(x, weight, eps, need_grad)[0]
+            bias: torch.Tensor | None = None, residual: torch.Tensor | None = None, prenorm: bool = False,
+            residual_dtype: torch.dtype | None = None, out_dtype: torch.dtype | None = None,
+            weight_offset: float = 0.0):
+    """RMSNorm with autograd: y = x * rstd * (weight + weight_offset) + bias.
+
+    With a residual, the residual add is fused: h = x + residual (fp32), residual_out = h in
+    residual_dtype (default residual's), and y normalizes residual_out as stored. Returns y, or
+    (y, residual_out) with prenorm (residual_out is x itself without a residual). y is in
+    out_dtype (default x's). x, residual, weight and bias are each f32, f16 or bf16.
+    """
+    if bias is None and residual is None and prenorm is False and residual_dtype is None and out_dtype is None \
+            and weight_offset == 0.0:
+        if R.eager(x):
+            return RMSNormFunction.apply(x, weight, eps)
+        need_grad = torch.is_grad_enabled() and (x.requires_grad or (weight is not None and weight.requires_grad))
+        return torch.ops.normir.rmsnorm_fwd(x, weight, eps, need_grad)[0]
+    return fused_norm(x, residual, weight, bias, eps, residual_dtype, out_dtype, weight_offset, prenorm)
 
 
 # ---------------------------------------------------------------------------- references

@@ -1,0 +1,35 @@
+"""Helpers of the GPU tier: tolerances, the error measure, NaN poisoning and random inputs."""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+TORCH = {"f32": torch.float32, "f16": torch.float16, "bf16": torch.bfloat16}
+# Relative L2 error allowed vs float64: the output's own rounding dominates (fp32 accumulation;
+# rsqrt.approx is within 2^-22); dw sums thousands of rows, so it gets a little more room.
+TOL = {torch.float32: 2e-5, torch.float16: 1.5e-3, torch.bfloat16: 1e-2}
+
+
+def rel_err(out: torch.Tensor, ref: torch.Tensor, scale: float = 0.0) -> float:
+    """||out - ref|| / max(||ref||, scale); scale is the size of the terms that cancel into ref
+    where ref itself can be ~0 (dx of a one-element row is a difference of equal terms)."""
+    out, ref = out.double(), ref.double()
+    if out.shape != ref.shape:
+        raise AssertionError(f"shape {tuple(out.shape)} != {tuple(ref.shape)}")
+    if not torch.isfinite(out).all():
+        return math.inf
+    denom = max(ref.norm().item(), scale)
+    return (out - ref).norm().item() / (denom if denom > 0 else 1.0)
+
+
+def poison(*specs: tuple[tuple[int, ...], torch.dtype]) -> None:
+    """Fill blocks of the caching allocator with NaN so that the next allocations of these
+    shapes (the launcher's outputs) start out as NaN rather than stale, valid-looking data."""
+    blocks = [torch.full(shape, float("nan"), dtype=dt, device="cuda") for shape, dt in specs]
+    del blocks
+
+
+def make(shape, dt, scale=1.0, device="cuda"):
+    return (torch.randn(shape, dtype=torch.float32, device=device) * scale).to(dt)
