@@ -27,3 +27,18 @@ def _cpu_isolation(request, tmp_path_factory, monkeypatch):
     (root / "tmp").mkdir()
     monkeypatch.setattr(tempfile, "tempdir", str(root / "tmp"))
     yield
+
+
+@pytest.fixture
+def fake():
+    """Fake CUDA tensors (no GPU needed): make(shape, dtype) inside the fake mode."""
+    import torch
+    from torch._subclasses.fake_tensor import FakeTensor, FakeTensorMode
+
+    mode = FakeTensorMode()
+
+    def make(shape, dtype=torch.bfloat16):
+        return FakeTensor(mode, torch.empty(shape, dtype=dtype, device="meta"), torch.device("cuda", 0))
+
+    with mode:
+        yield make

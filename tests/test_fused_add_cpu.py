@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import pytest
 import torch
-from torch._subclasses.fake_tensor import FakeTensor, FakeTensorMode
 
 import normir
 from normir.kernels import KERNELS
@@ -16,18 +15,6 @@ from normir.specialize import values_for
 pytestmark = pytest.mark.cpu
 
 BF16, F16, F32 = torch.bfloat16, torch.float16, torch.float32
-
-
-@pytest.fixture
-def fake():
-    """Fake CUDA tensors (no GPU needed): make(shape, dtype) inside the fake mode."""
-    mode = FakeTensorMode()
-
-    def make(shape, dtype=BF16):
-        return FakeTensor(mode, torch.empty(shape, dtype=dtype, device="meta"), torch.device("cuda", 0))
-
-    with mode:
-        yield make
 
 
 def test_schemas():

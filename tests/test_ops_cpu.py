@@ -14,18 +14,6 @@ from normir.ops import _rows
 pytestmark = pytest.mark.cpu
 
 
-@pytest.fixture
-def fake():
-    """Fake CUDA tensors (no GPU needed): make(shape, dtype) inside the fake mode."""
-    mode = FakeTensorMode()
-
-    def make(shape, dtype=torch.bfloat16):
-        return FakeTensor(mode, torch.empty(shape, dtype=dtype, device="meta"), torch.device("cuda", 0))
-
-    with mode:
-        yield make
-
-
 def test_ops_are_registered_with_their_schemas():
     normir.rmsnorm  # noqa: B018  (binds the API, registering the ops)
     assert str(torch.ops.normir.rmsnorm_fwd.default._schema) == (
