@@ -1,10 +1,13 @@
-// The row-norm backward skeleton (dx, and per-block partial column sums of dw), every op of the
-// family as flags and a math piece (STATS_PIECE; RMSNorm's, with its formulas, in
-// common/stats_rms.mlir):
-//   pass 1: load x and dy, accumulate the op's sums lane-wise (normir_bwd_acc), reduce them over
-//           the row (NR = ${NR} fp32 sums: row_sum, then the cluster exchange), and derive the
-//           row's coefficients (normir_bwd_coefs, from the sums and the stored rstd);
-//   pass 2: dx, g = normir_bwd_dx(x, dy, w, rstd, coefs); the column sums dw += g * x (normir_bwd_dw).
+// The row-norm backward skeleton (dx, and per-block partial column sums of dw and db), every op
+// of the family as flags and a math piece (STATS_PIECE; RMSNorm's, with its formulas, in
+// common/stats_rms.mlir). x is the row the forward normalized (residual_out for the fused add).
+//   pass 1: load x and dy (dy in YT), accumulate the op's sums lane-wise (normir_bwd_acc), reduce
+//           them over the row (NR = ${NR} fp32 sums: row_sum, then the cluster exchange), and
+//           derive the row's coefficients (normir_bwd_coefs, from the sums and the stored rstd);
+//           with HAS_DRES_OUT, ask L2 for the row's d_residual_out (pass 2 reads it once);
+//   pass 2: dx, g = normir_bwd_dx(x, dy, w + WEIGHT_OFFSET, rstd, coefs), plus d_residual_out with
+//           HAS_DRES_OUT, stored in XT and, with STORE_DRES, the same values as dresidual in RT;
+//           the column sums dw += g * x (normir_bwd_dw) and, with HAS_BIAS, db += dy.
 // The grid is persistent: block b takes row groups b, b + grid, ... so each block writes one fp32
 // partial row per slot at the end (with clusters: per cluster, see below); col_sum.mlir sums the
 // partial rows in a fixed order (dw is bit-identical from run to run). With ATOMIC_DW the block
@@ -30,11 +33,14 @@
 // cluster): pass 2's first OVERLAP_K chunks are loaded between posting the block's sums
 // (cluster_post) and waiting for the peers' (cluster_read).
 //
-// Placeholders: those of norm_fwd.mlir, plus DW_REGS, ATOMIC_DW, PART_ALIGN, L2_PREFETCH,
-// OVERLAP, OVERLAP_K, STAGE, STAGE_BLOCK_BYTES, and the target's pieces for atomics
-// (ATOMIC_PIECE), the L2 prefetch (PREFETCH_PIECE) and staging (STAGE_PIECE).
-// Tensors: x, w, dy, rstd (fp32 per row), dx, dw_part (fp32 partial rows); scalars: rows, the
-// row strides of x, dy and dx (elements), and the grid size.
+// Placeholders: those of norm_fwd.mlir (with XT, dx's type; RT here is dresidual's), plus
+// HAS_DRES_OUT, STORE_DRES, DW_REGS, ATOMIC_DW, PART_ALIGN, L2_PREFETCH, OVERLAP, OVERLAP_K,
+// STAGE, STAGE_BLOCK_BYTES, LATE_EXT_T_PIECE / LATE_EXT_YT_PIECE (pass 2's casts of x and dy),
+// and the target's pieces for atomics (ATOMIC_PIECE), the L2 prefetch (PREFETCH_PIECE) and
+// staging (STAGE_PIECE).
+// Tensors: x, w, dy, rstd (fp32 per row), dres_out (d_residual_out), dx, dres, dw_part and
+// db_part (fp32 partial rows); scalars: rows, the row strides of x, dy, dres_out, dx and dres
+// (elements), and the grid size.
 module attributes {gpu.container_module} {
 gpu.module @normir [${TARGET}] {
 // normir:splice common/row_sum.mlir

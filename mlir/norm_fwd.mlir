@@ -1,35 +1,45 @@
-// The row-norm forward skeleton: every op of the family (RMSNorm now) as flags and a math piece.
-//   pass 1: load the row's chunks (x), accumulate the op's sums lane-wise (STATS_PIECE:
-//           normir_fwd_acc; RMSNorm: x^2), reduce them over the row (NR = ${NR} fp32 sums:
-//           row_sum, then the cluster exchange), and derive rstd (normir_fwd_rstd);
-//   pass 2: y = normir_fwd_norm(x, rstd) * w   (w when HAS_WEIGHT), rstd stored when STORE_RSTD.
-// Each flag is an i1 constant; a variant without a feature keeps none of its loads, stores or
-// registers (canonicalization folds the dead branch).
+// The row-norm forward skeleton: every op of the family (RMSNorm and its fused residual add now)
+// as flags and a math piece.
+//   pass 1: load the row's chunks as h (x; with HAS_RESIDUAL h = x + residual, added in fp32 and
+//           rounded once to residual_out's type HT, written to residual_out with STORE_RESIDUAL),
+//           accumulate the op's sums of h lane-wise (STATS_PIECE: normir_fwd_acc; RMSNorm: h^2),
+//           reduce them over the row (NR = ${NR} fp32 sums: row_sum, then the cluster exchange),
+//           and derive rstd (normir_fwd_rstd);
+//   pass 2: y = normir_fwd_norm(h, rstd) * (w + WEIGHT_OFFSET) + b, in YT (w when HAS_WEIGHT, the
+//           offset when HAS_OFFSET, b when HAS_BIAS); rstd stored when STORE_RSTD.
+// The norm is taken of h as residual_out stores it, which is what the backward reads: forward and
+// backward differentiate one function. Each flag is an i1 constant; a variant without a feature
+// keeps none of its loads, stores or registers (canonicalization folds the dead branch).
 //
 // Thread layout: a block of ${BLOCK} threads holds ${ROWS} rows; each row is ${TPR} consecutive
 // threads. With CLUSTER > 1 a row is split over the ${CLUSTER} blocks of a thread-block cluster
 // (ROWS = 1): block `rank` covers columns [rank * NSUB, (rank + 1) * NSUB), NSUB = ${NSUB}, and
 // the blocks add their sums through the cluster piece. A block's part of the row is cut into
-// ${NCHUNK} chunks of ${V} elements (one vector access each, ${ALIGN} bytes); thread `lane` of a
-// row owns chunks k * TPR + lane for k < ${K}. Chunks k < ${KFULL} exist for every lane; the last k
-// may fall past the part's end and is masked. With CACHE_ROW the chunks stay in a private array
-// (registers after unrolling) between the two passes: x is read once. Without it (rows too long
-// for registers, or the policy's streamed rows) pass 2 reads x again, mostly from L2; with
-// BATCH_RELOAD it loads all its chunks of x and w before computing. Block (cluster) c takes row
-// group c: a launch has one block (cluster) per group. Row tensors are read and written through
-// row_io (one splice per tensor); with HINT_LD / HINT_ST their loads and stores carry cache
-// policies (the first read that pass 2 repeats keeps its lines in L2; a row's last read and the
-// stores evict first).
+// ${NCHUNK} chunks of ${V} elements (one vector access each, ${ALIGN} bytes of x); thread `lane`
+// of a row owns chunks k * TPR + lane for k < ${K}. Chunks k < ${KFULL} exist for every lane; the
+// last k may fall past the part's end and is masked. With CACHE_ROW the chunks of h stay in a
+// private array (registers after unrolling) between the two passes: the row is read once.
+// Without it (rows too long for registers, or the policy's streamed rows) pass 2 reads the row
+// again, mostly from L2 (residual_out where it was stored, else x and residual); with
+// BATCH_RELOAD it loads all its chunks of the row and w before computing. Block (cluster) c takes
+// row group c: a launch has one block (cluster) per group. Row tensors are read and written
+// through row_io (one splice per tensor); with HINT_LD / HINT_ST their loads and stores carry
+// cache policies (the first read that pass 2 repeats keeps its lines in L2; a row's last read and
+// the stores evict first).
 //
-// Placeholders: N, T (x/y type), WT (weight type), V, ALIGN, BLOCK, ROWS, TPR, K, KFULL, NCHUNK,
-// CLUSTER, NSUB, NR, EB (bytes per element), HAS_WEIGHT, STORE_RSTD, CACHE_ROW, PREFETCH_W (weight
-// chunks loaded in pass 1), BATCH_RELOAD, EXT_T/EXT_WT (cast to f32), TRUNC_T (cast from f32),
-// TARGET (gpu.module target attribute), KERNEL_ATTRS (a register bound), ENTRY, ARGS (the
-// signature, from the kernel catalogue) and ABSENT (the template's tensors a kernel does not
-// pass), the pieces STATS_PIECE (the op's math), RSQRT_PIECE, LATE_EXT_PIECE (pass 2's cast),
-// CLUSTER_PIECE (cross-block sums), POLICY_PIECE (cache policies), and the spliced pieces' own.
-// Tensors: x, w, y (rows of N), rstd (fp32 per row); scalars: rows, the row strides of x and y
-// (elements), and the grid size in blocks.
+// Placeholders: N, the element types T (x), RT (residual), HT (h, residual_out), YT (y), WT
+// (weight), BT (bias), with per type ALIGN_*, EB_* (bytes per element), EXT_* (cast to f32) and
+// TRUNC_* (cast from f32), X_TO_H; V, ALIGN, EB, W_ALIGN, BLOCK, ROWS, TPR, WPR, K, KFULL,
+// NCHUNK, CLUSTER, NSUB, NR; the flags HAS_WEIGHT, HAS_RESIDUAL, STORE_RESIDUAL, HAS_BIAS,
+// HAS_OFFSET, STORE_RSTD, CACHE_ROW, PREFETCH_W (weight chunks loaded in pass 1), BATCH_RELOAD;
+// WEIGHT_OFFSET; TARGET (gpu.module target attribute), KERNEL_ATTRS (a register bound), ENTRY,
+// ARGS (the signature, from the kernel catalogue) and ABSENT (the template's tensors a kernel
+// does not pass); the pieces STATS_PIECE (the op's math), RSQRT_PIECE, LATE_EXT_HT_PIECE (pass
+// 2's cast of the held h), CLUSTER_PIECE (cross-block sums), POLICY_PIECE (cache policies), and
+// the spliced pieces' own.
+// Tensors: x, residual, w, b, y, residual_out (rows of N or N columns), rstd (fp32 per row);
+// scalars: rows, the row strides of x, residual, y and residual_out (elements), and the grid
+// size in blocks.
 module attributes {gpu.container_module} {
 gpu.module @normir [${TARGET}] {
 // normir:splice common/row_sum.mlir
