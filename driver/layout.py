@@ -484,7 +484,11 @@ def _row_block_layout(n: int, vec: int, held_bytes: int, tgt: targets.Target, tp
         rows = max(1, ROWS_BLOCK // tpr)
     else:
         k_target = 2 if nchunk == warp * 4 else 4 if nchunk <= 1024 else 8
-        tpr = min(MAX_THREADS, -(-math.ceil(nchunk / k_target) // warp) * warp)
+        # AMDGPU at 1024 threads (128 VGPRs) with more than 4 bytes an element in flight (the
+        # fused add's fp32 x and residual): LLVM hoists the re-read row's loads into 44-52 bytes
+        # of scratch (f32, N=98304 and 131072); 512 threads keep none (tests/test_gfx950_scratch.py).
+        top = MAX_THREADS // 2 if tgt.hoists_weight and held_bytes > 4 else MAX_THREADS
+        tpr = min(top, -(-math.ceil(nchunk / k_target) // warp) * warp)
         rows = 1
     k = -(-nchunk // tpr)
     budget = tgt.reg_budget_bytes(tpr * rows)

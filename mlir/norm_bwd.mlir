@@ -372,8 +372,10 @@ ${ABSENT}
       }
     }
 
-    // Register-mode dw sums leave the block: one partial row per slot, or fp32 atomics.
-    %flush = arith.andi %has_weight, %dw_regs : i1
+    // Register-mode column sums (dw, db) leave the block: one partial row per slot, or fp32
+    // atomics. A bias without a weight has db sums alone.
+    %col_sums_on = arith.ori %has_weight, %has_bias : i1
+    %flush = arith.andi %col_sums_on, %dw_regs : i1
     scf.if %flush {
       affine.for %k = 0 to ${K} {
         %ck = arith.muli %k, %tpr : index
@@ -384,11 +386,13 @@ ${ABSENT}
         %in_row = arith.cmpi ult, %chunk, %nchunk : index
         %live_col = arith.ori %always, %in_row : i1
         scf.if %live_col {
-          %s = vector.load %dwbuf[%k, %c0] : memref<${K}x${V}xf32, #gpu.address_space<private>>, vector<${V}xf32>
-          scf.if %atomic_dw {
-            func.call @normir_atomic_add_vec(%dw_part_arg, %col, %s) : (memref<${N}xf32>, index, vector<${V}xf32>) -> ()
-          } else {
-            vector.store %s, %dw_part[%part_row, %col] {alignment = ${PART_ALIGN}} : memref<?x${N}xf32, strided<[${N}, 1]>>, vector<${V}xf32>
+          scf.if %has_weight {
+            %s = vector.load %dwbuf[%k, %c0] : memref<${K}x${V}xf32, #gpu.address_space<private>>, vector<${V}xf32>
+            scf.if %atomic_dw {
+              func.call @normir_atomic_add_vec(%dw_part_arg, %col, %s) : (memref<${N}xf32>, index, vector<${V}xf32>) -> ()
+            } else {
+              vector.store %s, %dw_part[%part_row, %col] {alignment = ${PART_ALIGN}} : memref<?x${N}xf32, strided<[${N}, 1]>>, vector<${V}xf32>
+            }
           }
           scf.if %has_bias {
             %sb = vector.load %dbbuf[%k, %c0] : memref<${K}x${V}xf32, #gpu.address_space<private>>, vector<${V}xf32>

@@ -47,6 +47,7 @@ FORCED_CASES = (
     (32768, "bf16", {"cluster": 2}, {}),  # the forward over 2 blocks (pushes)
     (65536, "f16", {"cluster": 4}, {"overlap": 4}),  # 4 blocks, all of pass 2 inside the exchange
 )
+OTHER_WEIGHT_N = (100, 2880, 65536)  # test_weight_in_another_dtype: each type read in its own
 # (N, dtype) for the backward without a weight, whose policy differs (layout._cache_row):
 # the row held in registers, staged through shared memory, every chunk loaded inside the barrier,
 # and the cache hints of held rows neither staged nor split (2048, 2880, 4096).
@@ -86,6 +87,7 @@ FUSED_COMBOS = (
     ("f16", "f16", "f32", "f32", "f32", "f32", 1.0),  # all of them at once
     ("f32", "f32", "f32", None, "bf16", None, 0.0),  # a 16-bit residual_out from fp32 inputs
     ("bf16", None, "bf16", "bf16", None, None, 0.0),  # a bias without a residual
+    ("bf16", "bf16", None, "bf16", None, None, 0.0),  # a bias without a weight: db's sums alone
 )
 # 100: narrow vectors; 2880: a masked tail; 8192: a multi-warp row; 65536: clusters, the
 # re-reading path with two fp32 row tensors, the column sums in memory.
@@ -171,6 +173,9 @@ def specializations() -> list[dict]:
                 plan.append(_fwd(n, dt, dt, vec=v))
                 plan.append(_fwd(n, dt, dt, vec=v, store_rstd=False))  # the fast-path fallback test
                 plan += _bwd(n, dt, dt, vec=v)
+    for n in OTHER_WEIGHT_N:
+        for dt, wdt in (("bf16", "f16"), ("f16", "bf16"), ("f32", "bf16")):
+            plan += [_fwd(n, dt, wdt)] + _bwd(n, dt, wdt)
     plan += _bwd(4096, "bf16", "bf16", atomic=True) + _bwd(1024, "f32", "f32", atomic=True)
     plan += _bwd(32768, "bf16", "bf16", atomic=True)
     for n, dt, fwd, bwd in FORCED_CASES:

@@ -15,6 +15,7 @@ import re
 import pytest
 
 from normir import compiler
+from normir.kernels import KERNELS
 from normir.options import Options
 from normir.specialize import specialize
 
@@ -30,12 +31,21 @@ def sweep(test):
     test = pytest.mark.parametrize("has_weight", (True, False), ids=("w", "no-w"))(test)
     test = pytest.mark.parametrize("dtype", ("bf16", "f16", "f32"))(test)
     test = pytest.mark.parametrize("n", SWEEP_N)(test)
-    return pytest.mark.parametrize("kernel", ("rmsnorm_fwd", "rmsnorm_bwd"))(test)
+    return pytest.mark.parametrize("kernel", sorted(SWEEP_FEATURES))(test)
+
+
+# Each swept kernel with its features on: the fused add with the residual in x's type (stored) and
+# d_residual_out read, as autograd runs it.
+SWEEP_FEATURES = {"rmsnorm_fwd": {}, "rmsnorm_bwd": {}, "fused_add_rmsnorm_bwd": {"has_dres_out": True},
+                  "fused_add_rmsnorm_fwd": {"store_residual": True}}
 
 
 def sweep_options(kernel: str, n: int, dtype: str, has_weight: bool, target: str) -> Options:
+    features = dict(SWEEP_FEATURES[kernel])
+    if features.get("store_residual"):
+        features["rdtype"] = dtype
     return Options(kernel=kernel, n=n, dtype=dtype, wdtype=dtype, target=target, has_weight=has_weight,
-                   store_rstd=kernel == "rmsnorm_fwd")
+                   store_rstd=KERNELS[kernel].grid == "rows", **features)
 
 
 def isa_of(opts: Options) -> str:
@@ -44,7 +54,7 @@ def isa_of(opts: Options) -> str:
 
 def check_barriers(opts: Options, isa: str) -> None:
     lay = opts.layout
-    reused = opts.kernel != "rmsnorm_fwd" or lay.stage  # row_sum's %red serves a next row
+    reused = KERNELS[opts.kernel].grid != "rows" or lay.stage  # row_sum's %red serves a next row
     want = (2 if reused else 1) if lay.tpr > lay.warp else 0
     got = len(BARRIER[opts.target].findall(isa))
     assert got == want, (f"{opts.kernel} N={opts.n} {opts.dtype} {'with' if opts.has_weight else 'without'} a "

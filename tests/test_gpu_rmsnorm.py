@@ -143,6 +143,16 @@ def test_bwd_fp32_weight_and_no_weight(dt, n):
     check_bwd(x, None, 1e-6)
 
 
+@pytest.mark.parametrize("dt,wdt", (("bf16", "f16"), ("f16", "bf16"), ("f32", "bf16")))
+@pytest.mark.parametrize("n", cases.OTHER_WEIGHT_N)
+def test_weight_in_another_dtype(dt, wdt, n):
+    # The family's dtype rule: the weight is read in its own type, whatever x's.
+    x = make((199, n), TORCH[dt])
+    w = make((n,), TORCH[wdt]) + 1
+    check_fwd(x, w, 1e-6)
+    check_bwd(x, w, 1e-6)
+
+
 @pytest.mark.parametrize("n,dt", cases.NO_WEIGHT_CASES)
 def test_bwd_no_weight_layouts(n, dt):
     # Without a weight the backward holds short rows in registers, stages longer ones and loads

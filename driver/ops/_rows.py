@@ -47,12 +47,12 @@ def check_input(x: torch.Tensor, name: str) -> str:
     return dt
 
 
-def check_like(t: torch.Tensor, x: torch.Tensor, name: str) -> None:
-    """A row tensor that must match x in shape, dtype and device (dy)."""
+def check_like(t: torch.Tensor, x: torch.Tensor, name: str, x_name: str = "x") -> None:
+    """A row tensor that must match x (named x_name) in shape, dtype and device (dy)."""
     check_input(t, name)
     if t.shape != x.shape or t.dtype != x.dtype or t.device != x.device:
-        raise ValueError(f"{name} must match x in shape, dtype and device: {name} is {tuple(t.shape)} {t.dtype} "
-                         f"on {t.device}, x is {tuple(x.shape)} {x.dtype} on {x.device}")
+        raise ValueError(f"{name} must match {x_name} in shape, dtype and device: {name} is {tuple(t.shape)} "
+                         f"{t.dtype} on {t.device}, {x_name} is {tuple(x.shape)} {x.dtype} on {x.device}")
 
 
 def check_weight(weight: torch.Tensor | None, x: torch.Tensor, n: int, name: str = "weight") -> torch.Tensor | None:
@@ -70,12 +70,13 @@ def check_weight(weight: torch.Tensor | None, x: torch.Tensor, n: int, name: str
     return weight if weight.is_contiguous() else weight.contiguous()
 
 
-def check_stat(stat: torch.Tensor, x: torch.Tensor, name: str, made_by: str) -> None:
-    """A per-row fp32 statistic the forward stored (rstd): x.shape[:-1] elements on x's device."""
+def check_stat(stat: torch.Tensor, x: torch.Tensor, name: str, made_by: str, x_name: str = "x") -> None:
+    """A per-row fp32 statistic the forward stored (rstd): x.shape[:-1] elements on x's device
+    (x named x_name)."""
     if not isinstance(stat, torch.Tensor) or stat.dtype != torch.float32 or stat.device != x.device \
             or stat.numel() != x.numel() // max(x.shape[-1], 1):
-        raise ValueError(f"{name} must be the float32 tensor of shape x.shape[:-1] on x's device that "
-                         f"{made_by} returned")
+        raise ValueError(f"{name} must be the float32 tensor of shape {x_name}.shape[:-1] on {x_name}'s device "
+                         f"that {made_by} returned")
 
 
 # ---------------------------------------------------------------------------- rows

@@ -109,9 +109,9 @@ def _bwd_checks(dy, residual_out, weight, rstd, d_residual_out, bias_dtype, weig
         raise ValueError(f"dy must match residual_out in shape and device: dy is {tuple(dy.shape)} on {dy.device}, "
                          f"residual_out is {tuple(residual_out.shape)} on {residual_out.device}")
     if d_residual_out is not None:
-        check_like(d_residual_out, residual_out, "d_residual_out")
+        check_like(d_residual_out, residual_out, "d_residual_out", "residual_out")
     w = R.check_weight(weight, residual_out, n)
-    check_stat(rstd, residual_out, "rstd", "fused_add_rmsnorm_fwd(..., store_rstd=True)")
+    check_stat(rstd, residual_out, "rstd", "fused_add_rmsnorm_fwd(..., store_rstd=True)", "residual_out")
     check_dtype(bias_dtype, "bias_dtype")
     check_dtype(dx_dtype, "dx_dtype")
     check_dtype(dres_dtype, "dresidual_dtype")
@@ -137,8 +137,10 @@ def _bwd(dy: torch.Tensor, residual_out: torch.Tensor, weight: torch.Tensor | No
     dx = torch.empty(residual_out.shape, dtype=dx_dtype, device=residual_out.device)
     dres = torch.empty(residual_out.shape, dtype=dres_dtype, device=dx.device) \
         if dres_dtype is not None and dres_dtype != dx_dtype else None
-    dw = torch.zeros_like(w) if w is not None else None
-    db = torch.zeros((n,), dtype=bias_dtype, device=dx.device) if has_bias else None
+    # The column sums overwrite dw and db; without rows they are zero.
+    fill = torch.zeros if m == 0 else torch.empty
+    dw = fill((n,), dtype=w.dtype, device=dx.device) if w is not None else None
+    db = fill((n,), dtype=bias_dtype, device=dx.device) if has_bias else None
     if m == 0:
         return dx, dres, dw, db
     dev = dx.get_device()
@@ -226,7 +228,7 @@ def _fwd_setup(ctx, inputs, output):
     y, res_out, rstd = output
     ctx.has_residual, ctx.bias_dtype, ctx.weight_offset = residual is not None, bias.dtype if bias is not None \
         else None, weight_offset
-    ctx.dtypes = (x.dtype, residual.dtype if residual is not None else None, weight.dtype if weight is not None else None)
+    ctx.dtypes = (x.dtype, residual.dtype if residual is not None else None)
     ctx.ready = store_rstd and (store_residual or residual is None)
     ctx.save_for_backward(res_out if residual is not None else x, weight, rstd)
     ctx.mark_non_differentiable(rstd)
@@ -238,7 +240,7 @@ def _fwd_backward(ctx, dy, d_res_out, _drstd):
                            "with store_rstd=True and store_residual=True (normir.rmsnorm does) when a gradient is "
                            "needed")
     h, weight, rstd = ctx.saved_tensors
-    x_dtype, r_dtype, _ = ctx.dtypes
+    x_dtype, r_dtype = ctx.dtypes
     g = d_res_out if ctx.has_residual and d_res_out is not None and d_res_out.numel() else None
     dx, dres, dw, db = torch.ops.normir.fused_add_rmsnorm_bwd(dy, h, weight, rstd, g, ctx.bias_dtype,
                                                              ctx.weight_offset, x_dtype, r_dtype)
