@@ -364,7 +364,11 @@ def _staged(opts: Options, lay: Layout, tgt: targets.Target, work: RowWork, pers
         # the prefetched lines) and 3719-3729 for 512 x 4 staged; f32 8192 3918-4018 against
         # 3839-3895. Other widths did not gain (14336 as 896 x 2, 5120 as 320 x 2).
         return replace(lay, tpr=2 * lay.tpr, k=lay.k // 2, kfull=lay.k // 2, stage=True, stage_buffers=buffers)
-    policy = stageable and (buffers * lay.k * lay.block * MAX_VECTOR_BYTES <= STAGE_POLICY_BYTES or not opts.has_weight)
+    # A kernel reading d_residual_out in pass 2 (the fused add's) is not staged: the blocks that
+    # staging's shared memory costs hid that read's latency (*tune-v68*, -v69: bf16 7168 3863-3869
+    # GB/s with the L2 prefetch against 3753-3766 staged; 8192 3855-3874 against 3816-3911).
+    policy = stageable and not opts.has_dres_out \
+        and (buffers * lay.k * lay.block * MAX_VECTOR_BYTES <= STAGE_POLICY_BYTES or not opts.has_weight)
     return replace(lay, stage=policy if opts.stage == -1 else bool(opts.stage), stage_buffers=buffers)
 
 
@@ -411,11 +415,11 @@ def fwd_layout(opts: Options, tgt: targets.Target, work: RowWork) -> Layout:
     sixteen = {lay.vec * DTYPES[t] for t in row_types(work, opts)} == {MAX_VECTOR_BYTES}
     if policy and tgt.hints and lay.cluster == 1 and sixteen \
             and FWD_STREAM_CHUNKS[0] <= lay.nchunk <= FWD_STREAM_CHUNKS[1]:
-        return _streamed(lay)
+        return _streamed(lay, two_reads=len(work.reads) > 1)
     return lay
 
 
-def _streamed(lay: Layout) -> Layout:
+def _streamed(lay: Layout, two_reads: bool = False) -> Layout:
     """A row of 128-4096 16-byte chunks, read twice: pass 1 asks L2 to keep its lines
     (evict_last), pass 2 reads them again (its last use: evict_first) and writes, with 2 chunks
     per thread up to 512 threads, then 4 up to 1024. Fewer live registers and short blocks beat
@@ -426,10 +430,20 @@ def _streamed(lay: Layout) -> Layout:
     loads ask L1 to keep their lines (*tune-v49*: +0.7-1.3% at 7168-32768). Rows of 4 chunks per
     thread have pass 2's reads ask L1 to evict them first instead (HINT_L1_FIRST, *tune-v57*,
     -v58: +0.1-0.6%), and over at most FWD_BATCH_MAX_TPR threads (N=16384) load all of pass 2's
-    chunks before computing (batch_reload, *tune-v63*, -v64: +1.1%; at 1024 threads -9%)."""
-    k = 2 if lay.nchunk <= 2 * (MAX_THREADS // 2) else 4
+    chunks before computing (batch_reload, *tune-v63*, -v64: +1.1%; at 1024 threads -9%).
+
+    two_reads (the fused add's x and residual, h = x + residual held as neither): one chunk per
+    thread up to 1024 threads, then 2, with the L1 hints of the longer rows. On the H200 (bf16,
+    *tune-v68* to -v70), GB/s against the one-read layout: N=1024 as 128 x 1 4231-4255 against
+    4087-4102 (64 x 2), 2048 4220-4243 against 4102-4132, 4096 as 512 x 1 4260 against 4119,
+    8192 as 1024 x 1 4247-4262 against 4146-4166; 16384 as 1024 x 2 4179-4211 against 3911-3964
+    (512 x 4 batched)."""
+    if two_reads:
+        k = 1 if lay.nchunk <= MAX_THREADS else 2 if lay.nchunk <= 2 * MAX_THREADS else 4
+    else:
+        k = 2 if lay.nchunk <= MAX_THREADS else 4
     tpr = -(-math.ceil(lay.nchunk / k) // lay.warp) * lay.warp
-    hints = HINT_LAST_READ | HINT_KEEP | HINT_L1_KEEP | (HINT_L1_FIRST if k == 4 else 0)
+    hints = HINT_LAST_READ | HINT_KEEP | HINT_L1_KEEP | (HINT_L1_FIRST if lay.nchunk > MAX_THREADS else 0)
     return replace(lay, tpr=tpr, rows=1, k=-(-lay.nchunk // tpr), kfull=lay.nchunk // tpr, cache_row=False,
                    prefetch_w=False, hints=hints, batch_reload=k == 4 and tpr <= FWD_BATCH_MAX_TPR)
 

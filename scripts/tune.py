@@ -18,18 +18,17 @@ import os
 import sys
 
 VARIANTS = {  # (op, N, dtype): layouts to compare, as NORMIR_TPR values ("0": the policy's)
-    # The forward's 2-chunk streamed rows (v67: within noise): pass 2's reads evicting first from
-    # L1 (h53), stores evicting first (h23), and batched (b1).
-    ("fwd", 7168, "bf16"): ("0", "448h53r0", "448h23r0"),
-    ("fwd", 8192, "bf16"): ("0", "512h53r0", "512h23r0", "512h21r0b1"),
-    # The fused add at 65536: two row loads in flight per chunk (x, residual) beside the held h.
-    ("add_fwd", 65536, "bf16"): ("0", "256x8", "256x4"),
-    ("add_fwd", 16384, "bf16"): ("0", "512h53r0b0", "1024h53r0", "512h21r0b1"),
-    ("add_bwd", 2880, "bf16"): ("0",),
-    ("add_bwd", 7168, "bf16"): ("0", "0s0"),
-    ("add_bwd", 8192, "bf16"): ("0", "0s0"),
-    ("add_bwd", 32768, "bf16"): ("0", "0o0", "0p0"),
-    ("add_bwd", 65536, "bf16"): ("0", "0o0"),
+    # The fused add's forward (two row reads): the policy since v69 (one chunk per thread up to
+    # 256 chunks, then 2 up to 1024 threads) against the previous one, and 1 chunk at 4096-8192.
+    ("add_fwd", 1024, "bf16"): ("0", "64h21r0"),
+    ("add_fwd", 2048, "bf16"): ("0", "128h21r0"),
+    ("add_fwd", 4096, "bf16"): ("0", "512h21r0"),
+    ("add_fwd", 8192, "bf16"): ("0", "1024h21r0"),
+    ("add_fwd", 16384, "bf16"): ("0", "512h53r0b1"),
+    # The fused add's backward: unstaged at 7168 (the policy since v69), and N=65536's clusters
+    # of 8 chunks per thread (256 threads) or 2 (1024 threads).
+    ("add_bwd", 7168, "bf16"): ("0", "0s1"),
+    ("add_bwd", 65536, "bf16"): ("0", "256x4", "1024x4"),
 }
 KERNEL = {"fwd": "rmsnorm_fwd", "bwd": "rmsnorm_bwd", "add_fwd": "fused_add_rmsnorm_fwd",
           "add_bwd": "fused_add_rmsnorm_bwd"}

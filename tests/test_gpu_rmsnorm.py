@@ -53,7 +53,9 @@ def check_bwd(x, w, eps, *, atomic=False):
         assert dw is None
     else:
         assert dw.dtype == w.dtype and dw.shape == w.shape
-        assert rel_err(dw, dw_ref) <= max(t, 1e-4), f"dw err {rel_err(dw, dw_ref)}"
+        # dw is rounded to the weight's type, which may be coarser than x's.
+        tw = max(t, TOL[w.dtype], 1e-4)
+        assert rel_err(dw, dw_ref) <= tw, f"dw err {rel_err(dw, dw_ref)}"
     return dx, dw, dy, rstd
 
 
