@@ -8,7 +8,7 @@ the op that launches it in normir.ops; the layout policy needs no change.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 # Argument attributes: inputs are read-only (ld.global.nc on NVIDIA), outputs write-only.
 _ATTRS = {"in": " {llvm.noalias, llvm.readonly}", "out": " {llvm.noalias, llvm.writeonly}", "inout": " {llvm.noalias}"}
@@ -55,10 +55,36 @@ class RowWork:
     bias_sums: bool = False  # and one more (db) when the op has a bias
     sums: int = 1  # fp32 sums per row through the block reduction and the cluster exchange
     held: tuple[str, ...] | None = None  # the rows held in registers between the passes (None: reads)
+    # Reads that happen only with an option: (placeholder, Options field) (the residual: rdtype).
+    read_if: tuple[tuple[str, str], ...] = ()
 
     @property
     def held_rows(self) -> tuple[str, ...]:
         return self.reads if self.held is None else self.held
+
+
+@dataclass(frozen=True)
+class Stats:
+    """An op's math: its piece (statistics, normalize, gradient), the row summaries its forward
+    and backward reduce (fp32 values per row, NR), the forward's merge piece (the backward's
+    sums are added), the per-thread accumulators pass 1 keeps (fp32 lanes: a count, or "V" /
+    "2V", one or two per element of a chunk), and whether the forward has a mean (stored beside
+    rstd, read by the backward)."""
+
+    piece: str
+    fwd_sums: int
+    bwd_sums: int
+    fwd_combine: str
+    fwd_acc: str
+    bwd_acc: str
+    has_mean: bool
+
+
+COMBINE_SUM = "common/combine_sum.mlir"
+RMS = Stats("common/stats_rms.mlir", 1, 1, COMBINE_SUM, "V", "V", False)
+# LayerNorm: the forward's per-lane (mean, M2) and merged (n, mean, M2) rows by Chan's update; the
+# backward's two sums added.
+LAYER = Stats("common/stats_layer.mlir", 3, 2, "common/combine_chan.mlir", "2V", "2V", True)
 
 
 @dataclass(frozen=True)
@@ -79,7 +105,7 @@ class KernelSpec:
     args: tuple[Arg, ...]  # launch order: the template's signature and the launcher's packing
     grid: str  # "rows": a block (cluster) per row group; "persistent": at most as many as run at once; "cols"
     work: RowWork | None  # None: not a row kernel (the column sums), with a fixed layout
-    flags: dict[str, str] = field(default_factory=dict)  # placeholder values fixed by the op
+    stats: Stats | None = None  # the op's math (row kernels)
     # The optional features the kernel takes (Options fields that may differ from their defaults):
     # residual, store_residual, bias, weight_offset, odtype (y's / dy's own type), xdtype (dx's),
     # dres (a dresidual of its own type), dres_out (reads d_residual_out).
@@ -100,12 +126,13 @@ class KernelSpec:
 # in the backward T is the normalized row's (x, or residual_out), YT dy's, XT dx's, RT dresidual's.
 X, W, B = Arg("x", "in", "T"), Arg("w", "in", "WT"), Arg("b", "in", "BT")
 RSTD_OUT, RSTD_IN = Arg("rstd", "out", "f32", "stat"), Arg("rstd", "in", "f32", "stat")
+MEAN_OUT, MEAN_IN = Arg("mean", "out", "f32", "stat"), Arg("mean", "in", "f32", "stat")
 
 NORM_FWD = Template("norm_fwd.mlir", (
-    X, Arg("residual", "in", "RT"), W, B, Arg("y", "out", "YT"), Arg("residual_out", "out", "HT"), RSTD_OUT,
+    X, Arg("residual", "in", "RT"), W, B, Arg("y", "out", "YT"), Arg("residual_out", "out", "HT"), RSTD_OUT, MEAN_OUT,
     *index("rows", "x_stride", "residual_stride", "y_stride", "residual_out_stride", "grid")))
 NORM_BWD = Template("norm_bwd.mlir", (
-    X, W, Arg("dy", "in", "YT"), RSTD_IN, Arg("dres_out", "in", "T"), Arg("dx", "out", "XT"),
+    X, W, Arg("dy", "in", "YT"), RSTD_IN, MEAN_IN, Arg("dres_out", "in", "T"), Arg("dx", "out", "XT"),
     Arg("dres", "out", "RT"), Arg("dw_part", "inout", "f32"), Arg("db_part", "inout", "f32"),
     *index("rows", "x_stride", "dy_stride", "dres_out_stride", "dx_stride", "dres_stride", "grid")))
 COL_SUM = Template("col_sum.mlir", (Arg("part", "in", "f32"), Arg("out", "out", "WT"), *index("parts")))
@@ -118,9 +145,18 @@ def args(t: Template, *names: str) -> tuple[Arg, ...]:
     return tuple(a for a in t.args if a.name in names)
 
 
-RMS = {"STATS_PIECE": "common/stats_rms.mlir"}
 FUSED_FWD = frozenset({"residual", "store_residual", "bias", "weight_offset", "odtype"})
 FUSED_BWD = frozenset({"bias", "weight_offset", "odtype", "xdtype", "dres", "dres_out"})
+
+
+def but(t: Template, *names: str) -> tuple[Arg, ...]:
+    """A kernel's arguments: its template's, less the named ones."""
+    return tuple(a for a in t.args if a.name not in names)
+
+
+# The forward's traffic: x, and the residual where there is one, read; y and residual_out (h)
+# written; h held between the passes.
+FWD_WORK = dict(reads=("T", "RT"), held=("HT",), writes=("YT", "HT"), read_if=(("RT", "rdtype"),))
 
 KERNELS: dict[str, KernelSpec] = {
     k.name: k
@@ -128,28 +164,39 @@ KERNELS: dict[str, KernelSpec] = {
         KernelSpec(
             name="rmsnorm_fwd", template=NORM_FWD, entry="rmsnorm_fwd",
             args=args(NORM_FWD, "x", "w", "y", "rstd", "rows", "x_stride", "y_stride", "grid"),
-            grid="rows", work=RowWork(reads=("T",), writes=("T",)), flags=RMS,
+            grid="rows", work=RowWork(reads=("T",), writes=("T",)), stats=RMS,
         ),
         KernelSpec(
             # h = x + residual (fp32, rounded to residual_out's type HT), y = rmsnorm(h) * (w +
             # weight_offset) + b, residual_out = h: every feature a flag of the forward skeleton.
             name="fused_add_rmsnorm_fwd", template=NORM_FWD, entry="fused_add_rmsnorm_fwd",
-            args=NORM_FWD.args, grid="rows", flags=RMS, features=FUSED_FWD,
-            work=RowWork(reads=("T", "RT"), held=("HT",), writes=("YT", "HT")),
+            args=but(NORM_FWD, "mean"), grid="rows", stats=RMS, features=FUSED_FWD, work=RowWork(**FWD_WORK),
         ),
         KernelSpec(
             name="rmsnorm_bwd", template=NORM_BWD, entry="rmsnorm_bwd",
             args=args(NORM_BWD, "x", "w", "dy", "rstd", "dx", "dw_part", "rows", "x_stride", "dy_stride",
                       "dx_stride", "grid"),
-            grid="persistent", work=RowWork(reads=("T", "YT"), writes=("XT",), col_sums=1),
-            flags=RMS,
+            grid="persistent", work=RowWork(reads=("T", "YT"), writes=("XT",), col_sums=1), stats=RMS,
         ),
         KernelSpec(
             # dh = (dy * w' - h_hat * c1) * rstd (+ d_residual_out), written as dx and, in a type of
             # its own, dresidual; dw (and db) as column sums. x here is the row normalized (h).
             name="fused_add_rmsnorm_bwd", template=NORM_BWD, entry="fused_add_rmsnorm_bwd",
-            args=NORM_BWD.args, grid="persistent", flags=RMS, features=FUSED_BWD,
+            args=but(NORM_BWD, "mean"), grid="persistent", stats=RMS, features=FUSED_BWD,
             work=RowWork(reads=("T", "YT"), writes=("XT", "RT"), col_sums=1, bias_sums=True),
+        ),
+        KernelSpec(
+            # LayerNorm, with or without the residual add: y = (h - mean) * rstd * w + b, mean and
+            # rstd stored (STORE_RSTD) for the backward. One kernel for both: without a residual
+            # the add's flags are off and the policy sees one row read.
+            name="layernorm_fwd", template=NORM_FWD, entry="layernorm_fwd", args=NORM_FWD.args, grid="rows",
+            stats=LAYER, features=FUSED_FWD - {"weight_offset"}, work=RowWork(**FWD_WORK, sums=LAYER.fwd_sums),
+        ),
+        KernelSpec(
+            # dx = (wdy - c1 - x_hat * c2) * rstd (+ d_residual_out), dw = sum dy * x_hat, db = sum dy.
+            name="layernorm_bwd", template=NORM_BWD, entry="layernorm_bwd", args=NORM_BWD.args,
+            grid="persistent", stats=LAYER, features=FUSED_BWD - {"weight_offset"},
+            work=RowWork(reads=("T", "YT"), writes=("XT", "RT"), col_sums=1, bias_sums=True, sums=LAYER.bwd_sums),
         ),
         KernelSpec(
             # Fixed-order column sums of fp32 partial rows (dw, db), cast to the weight's type. Its

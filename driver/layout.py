@@ -119,7 +119,14 @@ def held_bytes(work: RowWork, opts: Options) -> int:
     flight: the compiler issues a thread's loads together."""
     t = types(opts)
     kept = sum(held(t[p]) for p in work.held_rows)
-    return max(kept, sum(DTYPES[t[p]] for p in work.reads)) if work.held is not None else kept
+    return max(kept, sum(DTYPES[t[p]] for p in reads(work, opts))) if work.held is not None else kept
+
+
+def reads(work: RowWork, opts: Options) -> tuple[str, ...]:
+    """The row tensors pass 1 reads for a problem: work.reads, less those of an option not taken
+    (the residual of a forward without one)."""
+    off = {p for p, field in work.read_if if not getattr(opts, field)}
+    return tuple(p for p in work.reads if p not in off)
 
 
 def col_sums(work: RowWork, opts: Options) -> int:
@@ -130,7 +137,7 @@ def col_sums(work: RowWork, opts: Options) -> int:
 def row_types(work: RowWork, opts: Options) -> set[str]:
     """The element types of every row tensor the kernel reads or writes."""
     t = types(opts)
-    return {t[p] for p in (*work.reads, *work.writes, *work.held_rows)}
+    return {t[p] for p in (*reads(work, opts), *work.writes, *work.held_rows)}
 
 
 def decide(opts: Options, tgt: targets.Target, spec: KernelSpec) -> Layout:
@@ -346,8 +353,8 @@ def _staged(opts: Options, lay: Layout, tgt: targets.Target, work: RowWork, pers
             raise ValueError(f"stage=1: {opts.kernel} (a block per row group) has no staged layout; use -1 or 0")
         return lay
     eb = DTYPES[opts.dtype]
-    buffers = 2 * len(work.reads)
-    sixteen = {lay.vec * DTYPES[types(opts)[t]] for t in work.reads} == {MAX_VECTOR_BYTES}
+    buffers = 2 * len(reads(work, opts))
+    sixteen = {lay.vec * DTYPES[types(opts)[t]] for t in reads(work, opts)} == {MAX_VECTOR_BYTES}
     fits = sixteen and buffers * lay.k * lay.block * MAX_VECTOR_BYTES <= MAX_STAGE_BYTES
     if opts.stage == 1 and not (tgt.stage_piece and fits and not lay.cache_row and lay.rows == 1):
         raise ValueError(f"stage=1 needs a target with asynchronous copies ({tgt.chip}: "
@@ -408,14 +415,14 @@ def fwd_layout(opts: Options, tgt: targets.Target, work: RowWork) -> Layout:
     eviction hints the streamed row (_streamed) where nothing forced says otherwise."""
     # 8-byte chunks where the policy prefers them, unless a forced option needs 16-byte ones;
     # measured for one row read: two (the fused add's x and residual) spill under its register cap.
-    narrow = opts.hints <= 0 and len(work.reads) == 1
+    narrow = opts.hints <= 0 and len(reads(work, opts)) == 1
     hb = held_bytes(work, opts)
     lay = row_layout(opts.n, opts.vec, hb, tgt, opts.tpr, DTYPES[opts.wdtype], opts.cluster, narrow=narrow)
     policy = opts.tpr == 0 and opts.cluster == 0 and opts.hints == -1 and opts.cache_row == -1
     sixteen = {lay.vec * DTYPES[t] for t in row_types(work, opts)} == {MAX_VECTOR_BYTES}
     if policy and tgt.hints and lay.cluster == 1 and sixteen \
             and FWD_STREAM_CHUNKS[0] <= lay.nchunk <= FWD_STREAM_CHUNKS[1]:
-        return _streamed(lay, two_reads=len(work.reads) > 1)
+        return _streamed(lay, two_reads=len(reads(work, opts)) > 1)
     return lay
 
 

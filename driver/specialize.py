@@ -7,7 +7,7 @@ from __future__ import annotations
 import math
 
 from . import targets
-from .kernels import KERNELS
+from .kernels import COMBINE_SUM, KERNELS
 from .layout import (
     DTYPES,
     HINT_KEEP,
@@ -80,6 +80,24 @@ def flag_values(opts: Options) -> dict[str, str]:
         "HAS_DRES_OUT": _bool(opts.has_dres_out),
         "STORE_DRES": _bool(bool(opts.rdtype) and KERNELS[opts.kernel].grid != "rows"),
     }
+
+
+def stats_values(opts: Options) -> dict[str, str]:
+    """The op's math (kernels.Stats): its piece, each direction's merge and accumulator, its mean."""
+    stats = KERNELS[opts.kernel].stats
+    if stats is None:
+        return {}
+    v = opts.layout.vec
+
+    def lanes(acc: str) -> int:
+        return int(acc[:-1] or 1) * v if acc.endswith("V") else int(acc)
+
+    return {"STATS_PIECE": stats.piece, "HAS_MEAN": _bool(stats.has_mean),
+            "COMBINE_PIECE": stats.fwd_combine if KERNELS[opts.kernel].grid == "rows" else COMBINE_SUM,
+            "FWD_ACC": f"vector<{lanes(stats.fwd_acc)}xf32>", "BWD_ACC": f"vector<{lanes(stats.bwd_acc)}xf32>",
+            # vector.shuffle lane lists: a 2V accumulator's halves, and the two joined.
+            "LANES_LO": ", ".join(map(str, range(v))), "LANES_HI": ", ".join(map(str, range(v, 2 * v))),
+            "LANES_2V": ", ".join(map(str, range(2 * v)))}
 
 
 def common_values(opts: Options) -> dict[str, str]:
@@ -175,7 +193,7 @@ USER_VALUES = {"eps": ("EPS",), "wdtype": ("WT",), "store_rstd": ("STORE_RSTD",)
 
 def values_for(opts: Options) -> dict[str, str]:
     """Every placeholder value the driver computes for a kernel's options."""
-    return {**common_values(opts), **flag_values(opts), **signature_values(opts), **KERNELS[opts.kernel].flags}
+    return {**common_values(opts), **flag_values(opts), **signature_values(opts), **stats_values(opts)}
 
 
 def specialize_source(opts: Options, resolver: Resolver | None = None) -> Source:

@@ -1,7 +1,9 @@
 // The row-norm backward skeleton (dx, and per-block partial column sums of dw and db), every op
-// of the family as flags and a math piece (STATS_PIECE; RMSNorm's, with its formulas, in
-// common/stats_rms.mlir). x is the row the forward normalized (residual_out for the fused add).
-//   pass 1: load x and dy (dy in YT), accumulate the op's sums lane-wise (normir_bwd_acc), reduce
+// of the family as flags and a math piece (STATS_PIECE; the formulas in common/stats_rms.mlir and
+// stats_layer.mlir). x is the row the forward normalized (residual_out for the fused add); with
+// HAS_MEAN (LayerNorm) the row's stored mean is read beside rstd and passed to the piece.
+//   pass 1: load x and dy (dy in YT), accumulate the op's sums lane-wise (normir_bwd_acc, into a
+//           ${BWD_ACC}), reduce
 //           them over the row (NR = ${NR} fp32 sums: row_sum, then the cluster exchange), and
 //           derive the row's coefficients (normir_bwd_coefs, from the sums and the stored rstd);
 //           with HAS_DRES_OUT, ask L2 for the row's d_residual_out (pass 2 reads it once);
@@ -33,17 +35,19 @@
 // cluster): pass 2's first OVERLAP_K chunks are loaded between posting the block's sums
 // (cluster_post) and waiting for the peers' (cluster_read).
 //
-// Placeholders: those of norm_fwd.mlir (with XT, dx's type; RT here is dresidual's), plus
+// Placeholders: those of norm_fwd.mlir (with XT, dx's type; RT here is dresidual's; BWD_ACC for
+// FWD_ACC), plus
 // HAS_DRES_OUT, STORE_DRES, DW_REGS, ATOMIC_DW, PART_ALIGN, L2_PREFETCH, OVERLAP, OVERLAP_K,
 // STAGE, STAGE_BLOCK_BYTES, LATE_EXT_T_PIECE / LATE_EXT_YT_PIECE (pass 2's casts of x and dy),
 // and the target's pieces for atomics (ATOMIC_PIECE), the L2 prefetch (PREFETCH_PIECE) and
 // staging (STAGE_PIECE).
-// Tensors: x, w, dy, rstd (fp32 per row), dres_out (d_residual_out), dx, dres, dw_part and
+// Tensors: x, w, dy, rstd and mean (fp32 per row), dres_out (d_residual_out), dx, dres, dw_part and
 // db_part (fp32 partial rows); scalars: rows, the row strides of x, dy, dres_out, dx and dres
 // (elements), and the grid size.
 module attributes {gpu.container_module} {
 gpu.module @normir [${TARGET}] {
 // normir:splice common/row_sum.mlir
+// normir:splice ${COMBINE_PIECE}
 // normir:splice ${STATS_PIECE}
 // normir:splice ${RSQRT_PIECE}
 // normir:splice ${ATOMIC_PIECE}
@@ -89,6 +93,8 @@ ${ABSENT}
     %eb = arith.constant ${EB_T} : index
     %eb_dy = arith.constant ${EB_YT} : index
     %zero_v = arith.constant dense<0.0> : vector<${V}xf32>
+    %zero_acc = arith.constant dense<0.0> : ${BWD_ACC}
+    %has_mean = arith.constant ${HAS_MEAN}
     %zero_t = arith.constant dense<0.0> : vector<${V}x${T}>
     %zero_dy = arith.constant dense<0.0> : vector<${V}x${YT}>
 
@@ -105,6 +111,8 @@ ${ABSENT}
     %nsub = arith.constant ${NSUB} : index
     %col_base = arith.muli %rank, %nsub : index
     %rstd_all = memref.reinterpret_cast %rstd_arg to offset: [0], sizes: [%rows], strides: [1]
+        : memref<1xf32> to memref<?xf32>
+    %mean_all = memref.reinterpret_cast %mean_arg to offset: [0], sizes: [%rows], strides: [1]
         : memref<1xf32> to memref<?xf32>
     // This slot's partial dw row: dw_part[cid * ROWS + slot, :] (a cluster's blocks share it).
     %part_rows = arith.muli %clusters, %rows_per_block : index
@@ -168,6 +176,16 @@ ${ABSENT}
         scf.yield %z : f32
       }
       %rstd_v = vector.broadcast %rstd : f32 to vector<${V}xf32>
+      // HAS_MEAN: the row's mean, as the forward stored it.
+      %load_mean = arith.andi %has_mean, %row_valid : i1
+      %mean = scf.if %load_mean -> (f32) {
+        %m = memref.load %mean_all[%row] : memref<?xf32>
+        scf.yield %m : f32
+      } else {
+        %z = arith.constant 0.0 : f32
+        scf.yield %z : f32
+      }
+      %mean_v = vector.broadcast %mean : f32 to vector<${V}xf32>
       // The row this slot takes next (the next group of this block or cluster).
       %pf_row = arith.addi %row, %group_stride : index
       %pf_row_ok = arith.cmpi ult, %pf_row, %rows : index
@@ -184,7 +202,7 @@ ${ABSENT}
       }
 
       // Pass 1: the row's sums (the stats piece's), lane-wise in fp32.
-      %acc_vec = affine.for %k = 0 to ${K} iter_args(%acc = %zero_v) -> (vector<${V}xf32>) {
+      %acc_row = affine.for %k = 0 to ${K} iter_args(%acc = %zero_acc) -> (${BWD_ACC}) {
         %ck = arith.muli %k, %tpr : index
         %chunk = arith.addi %ck, %lane : index
         %col_in = arith.muli %chunk, %vw : index
@@ -231,11 +249,11 @@ ${ABSENT}
             : (memref<${N}x${WT}>, index, i1, i1) -> vector<${V}xf32>
         %xf = ${EXT_T} %xv : vector<${V}x${T}> to vector<${V}xf32>
         %dyf = ${EXT_YT} %dyv : vector<${V}x${YT}> to vector<${V}xf32>
-        %acc_next = func.call @normir_bwd_acc(%acc, %xf, %dyf, %wf)
-            : (vector<${V}xf32>, vector<${V}xf32>, vector<${V}xf32>, vector<${V}xf32>) -> vector<${V}xf32>
-        affine.yield %acc_next : vector<${V}xf32>
+        %acc_next = func.call @normir_bwd_acc(%acc, %xf, %dyf, %wf, %mean_v)
+            : (${BWD_ACC}, vector<${V}xf32>, vector<${V}xf32>, vector<${V}xf32>, vector<${V}xf32>) -> ${BWD_ACC}
+        affine.yield %acc_next : ${BWD_ACC}
       }
-      %sums_thread = func.call @normir_bwd_sums(%acc_vec) : (vector<${V}xf32>) -> vector<${NR}xf32>
+      %sums_thread = func.call @normir_bwd_sums(%acc_row) : (${BWD_ACC}) -> vector<${NR}xf32>
       %sums_block = func.call @normir_row_sum(%sums_thread, %tid, %red)
           : (vector<${NR}xf32>, index, memref<${NR}x${WPR}xf32, #gpu.address_space<workgroup>>) -> vector<${NR}xf32>
       // OVERLAP (rows split over a cluster): pass 2's first OVERLAP_K chunks, which do not need
@@ -306,8 +324,8 @@ ${ABSENT}
             : (memref<${N}x${WT}>, index, i1, i1) -> vector<${V}xf32>
         %xf = func.call @normir_late_ext_x(%xv) : (vector<${V}x${T}>) -> vector<${V}xf32>
         %dyf = func.call @normir_late_ext_dy(%dyv) : (vector<${V}x${YT}>) -> vector<${V}xf32>
-        %dxf, %gcol = func.call @normir_bwd_dx(%xf, %dyf, %wf, %rstd_v, %coefs)
-            : (vector<${V}xf32>, vector<${V}xf32>, vector<${V}xf32>, vector<${V}xf32>, vector<${NR}xf32>)
+        %dxf, %gcol = func.call @normir_bwd_dx(%xf, %dyf, %wf, %rstd_v, %mean_v, %coefs)
+            : (vector<${V}xf32>, vector<${V}xf32>, vector<${V}xf32>, vector<${V}xf32>, vector<${V}xf32>, vector<${NR}xf32>)
             -> (vector<${V}xf32>, vector<${V}xf32>)
         scf.if %live {
           // With HAS_DRES_OUT: dh = dx + d_residual_out (the residual stream's own gradient).
@@ -334,7 +352,8 @@ ${ABSENT}
         scf.if %has_weight {
           scf.if %dw_regs {
             %s = vector.load %dwbuf[%k, %c0] : memref<${K}x${V}xf32, #gpu.address_space<private>>, vector<${V}xf32>
-            %s2 = func.call @normir_bwd_dw(%s, %xf, %gcol) : (vector<${V}xf32>, vector<${V}xf32>, vector<${V}xf32>) -> vector<${V}xf32>
+            %s2 = func.call @normir_bwd_dw(%s, %xf, %gcol, %mean_v)
+                : (vector<${V}xf32>, vector<${V}xf32>, vector<${V}xf32>, vector<${V}xf32>) -> vector<${V}xf32>
             vector.store %s2, %dwbuf[%k, %c0] : memref<${K}x${V}xf32, #gpu.address_space<private>>, vector<${V}xf32>
           } else {
             // dw sums in memory: the slot owns its partial row; the first group initializes it.
@@ -345,7 +364,8 @@ ${ABSENT}
                 %o = vector.load %dw_part[%part_row, %col] {alignment = ${PART_ALIGN}} : memref<?x${N}xf32, strided<[${N}, 1]>>, vector<${V}xf32>
                 scf.yield %o : vector<${V}xf32>
               }
-              %s2 = func.call @normir_bwd_dw(%old, %xf, %gcol) : (vector<${V}xf32>, vector<${V}xf32>, vector<${V}xf32>) -> vector<${V}xf32>
+              %s2 = func.call @normir_bwd_dw(%old, %xf, %gcol, %mean_v)
+                  : (vector<${V}xf32>, vector<${V}xf32>, vector<${V}xf32>, vector<${V}xf32>) -> vector<${V}xf32>
               vector.store %s2, %dw_part[%part_row, %col] {alignment = ${PART_ALIGN}} : memref<?x${N}xf32, strided<[${N}, 1]>>, vector<${V}xf32>
             }
           }

@@ -1,12 +1,15 @@
-// The row-norm forward skeleton: every op of the family (RMSNorm and its fused residual add now)
-// as flags and a math piece.
+// The row-norm forward skeleton: every op of the family (RMSNorm, LayerNorm, each with its fused
+// residual add) as flags and a math piece (STATS_PIECE: common/stats_rms.mlir, stats_layer.mlir).
 //   pass 1: load the row's chunks as h (x; with HAS_RESIDUAL h = x + residual, added in fp32 and
 //           rounded once to residual_out's type HT, written to residual_out with STORE_RESIDUAL),
-//           accumulate the op's sums of h lane-wise (STATS_PIECE: normir_fwd_acc; RMSNorm: h^2),
-//           reduce them over the row (NR = ${NR} fp32 sums: row_sum, then the cluster exchange),
-//           and derive rstd (normir_fwd_rstd);
-//   pass 2: y = normir_fwd_norm(h, rstd) * (w + WEIGHT_OFFSET) + b, in YT (w when HAS_WEIGHT, the
-//           offset when HAS_OFFSET, b when HAS_BIAS); rstd stored when STORE_RSTD.
+//           accumulate the op's statistics of h per thread (normir_fwd_acc into a ${FWD_ACC};
+//           RMSNorm: h^2 lane-wise; LayerNorm: (n, mean, M2) of h less the row's first element,
+//           the shift, when HAS_MEAN), merge them over the row (NR = ${NR} fp32 values: row_sum,
+//           then the cluster exchange, both through the op's normir_combine, COMBINE_PIECE),
+//           and derive rstd and the (shifted) mean (normir_fwd_stats);
+//   pass 2: y = normir_fwd_norm(h - shift, rstd, mean) * (w + WEIGHT_OFFSET) + b, in YT (w when
+//           HAS_WEIGHT, the offset when HAS_OFFSET, b when HAS_BIAS); rstd stored when
+//           STORE_RSTD, and with HAS_MEAN the mean (shifted mean + shift) beside it.
 // The norm is taken of h as residual_out stores it, which is what the backward reads: forward and
 // backward differentiate one function. Each flag is an i1 constant; a variant without a feature
 // keeps none of its loads, stores or registers (canonicalization folds the dead branch).
@@ -30,19 +33,20 @@
 // Placeholders: N, the element types T (x), RT (residual), HT (h, residual_out), YT (y), WT
 // (weight), BT (bias), with per type ALIGN_*, EB_* (bytes per element), EXT_* (cast to f32) and
 // TRUNC_* (cast from f32), X_TO_H; V, ALIGN, EB, W_ALIGN, BLOCK, ROWS, TPR, WPR, K, KFULL,
-// NCHUNK, CLUSTER, NSUB, NR; the flags HAS_WEIGHT, HAS_RESIDUAL, STORE_RESIDUAL, HAS_BIAS,
+// NCHUNK, CLUSTER, NSUB, NR, FWD_ACC; the flags HAS_MEAN, HAS_WEIGHT, HAS_RESIDUAL, STORE_RESIDUAL, HAS_BIAS,
 // HAS_OFFSET, STORE_RSTD, CACHE_ROW, PREFETCH_W (weight chunks loaded in pass 1), BATCH_RELOAD;
 // WEIGHT_OFFSET; TARGET (gpu.module target attribute), KERNEL_ATTRS (a register bound), ENTRY,
 // ARGS (the signature, from the kernel catalogue) and ABSENT (the template's tensors a kernel
 // does not pass); the pieces STATS_PIECE (the op's math), RSQRT_PIECE, LATE_EXT_HT_PIECE (pass
 // 2's cast of the held h), CLUSTER_PIECE (cross-block sums), POLICY_PIECE (cache policies), and
 // the spliced pieces' own.
-// Tensors: x, residual, w, b, y, residual_out (rows of N or N columns), rstd (fp32 per row);
+// Tensors: x, residual, w, b, y, residual_out (rows of N or N columns), rstd and mean (fp32 per row);
 // scalars: rows, the row strides of x, residual, y and residual_out (elements), and the grid
 // size in blocks.
 module attributes {gpu.container_module} {
 gpu.module @normir [${TARGET}] {
 // normir:splice common/row_sum.mlir
+// normir:splice ${COMBINE_PIECE}
 // normir:splice ${STATS_PIECE}
 // normir:splice ${RSQRT_PIECE}
 // normir:splice ${LATE_EXT_HT_PIECE} TENSOR=h TYPE=${HT} EXT=${EXT_HT}
@@ -71,6 +75,8 @@ ${ABSENT}
     %has_offset = arith.constant ${HAS_OFFSET}
     %has_bias = arith.constant ${HAS_BIAS}
     %store_rstd = arith.constant ${STORE_RSTD}
+    %has_mean = arith.constant ${HAS_MEAN}
+    %store_mean = arith.andi %store_rstd, %has_mean : i1
     %store_residual = arith.constant ${STORE_RESIDUAL}
     %cache_row = arith.constant ${CACHE_ROW}
     %prefetch_w = arith.constant ${PREFETCH_W}
@@ -78,7 +84,8 @@ ${ABSENT}
     %true = arith.constant true
     %batch_reload = arith.constant ${BATCH_RELOAD}
     %zero_f = arith.constant 0.0 : f32
-    %zero_v = arith.constant dense<0.0> : vector<${V}xf32>
+    %zero_acc = arith.constant dense<0.0> : ${FWD_ACC}
+    %false = arith.constant false
     %zero_h = arith.constant dense<0.0> : vector<${V}x${HT}>
     %offset_v = arith.constant dense<${WEIGHT_OFFSET}> : vector<${V}xf32>
 
@@ -115,8 +122,22 @@ ${ABSENT}
       // ROWS > 1 only when a row fits in one warp (no barrier), so this branch may diverge;
       // with one row per block it is uniform across the block and the barriers inside are safe.
       scf.if %row_valid {
-        // Pass 1: load the row's chunks, accumulate x^2 lane-wise in fp32.
-        %sq_vec = affine.for %k = 0 to ${K} iter_args(%acc = %zero_v) -> (vector<${V}xf32>) {
+        // HAS_MEAN: the row's first element h[row, 0], the shift every thread subtracts before
+        // the statistics (the same for every block of a cluster; one cached line per row).
+        %shift = scf.if %has_mean -> (f32) {
+          %h0 = func.call @normir_fwd_load_h(%x_arg, %residual_arg, %row, %c0, %rows, %x_stride, %residual_stride,
+                                             %pol_first, %false)
+              : (memref<${N}x${T}>, memref<${N}x${RT}>, index, index, index, index, index, i64, i1) -> vector<${V}x${HT}>
+          %e = vector.extract %h0[0] : ${HT} from vector<${V}x${HT}>
+          %ef = ${EXT_HT} %e : ${HT} to f32
+          scf.yield %ef : f32
+        } else {
+          %no_shift = arith.constant 0.0 : f32
+          scf.yield %no_shift : f32
+        }
+        %shift_v = vector.broadcast %shift : f32 to vector<${V}xf32>
+        // Pass 1: load the row's chunks, accumulate the op's statistics of h (less the shift).
+        %acc_row = affine.for %k = 0 to ${K} iter_args(%acc = %zero_acc) -> (${FWD_ACC}) {
           %ck = arith.muli %k, %tpr : index
           %chunk = arith.addi %ck, %lane : index
           %col_in = arith.muli %chunk, %vw : index
@@ -146,15 +167,25 @@ ${ABSENT}
             vector.store %wv, %wbuf[%k, %c0] : memref<${K}x${V}x${WT}, #gpu.address_space<private>>, vector<${V}x${WT}>
           }
           %xf = ${EXT_HT} %xv : vector<${V}x${HT}> to vector<${V}xf32>
-          %acc_next = func.call @normir_fwd_acc(%acc, %xf) : (vector<${V}xf32>, vector<${V}xf32>) -> vector<${V}xf32>
-          affine.yield %acc_next : vector<${V}xf32>
+          %xs = arith.subf %xf, %shift_v : vector<${V}xf32>
+          %acc_next = func.call @normir_fwd_acc(%acc, %xs, %live, %k) : (${FWD_ACC}, vector<${V}xf32>, i1, index) -> ${FWD_ACC}
+          affine.yield %acc_next : ${FWD_ACC}
         }
-        %sums_thread = func.call @normir_fwd_sums(%sq_vec) : (vector<${V}xf32>) -> vector<${NR}xf32>
+        // The chunks this thread owns: KFULL, and the masked one where it is inside the part.
+        %k_tail = arith.constant ${K} : index
+        %has_tail_k = arith.cmpi ugt, %k_tail, %k_full : index
+        %tail_base = arith.muli %k_full, %tpr : index
+        %tail_chunk = arith.addi %tail_base, %lane : index
+        %tail_in = arith.cmpi ult, %tail_chunk, %nchunk : index
+        %tail_own = arith.andi %has_tail_k, %tail_in : i1
+        %tail_n = arith.select %tail_own, %c1, %c0 : index
+        %owned = arith.addi %k_full, %tail_n : index
+        %sums_thread = func.call @normir_fwd_sums(%acc_row, %owned) : (${FWD_ACC}, index) -> vector<${NR}xf32>
         %sums_row = func.call @normir_row_sum(%sums_thread, %tid, %red)
             : (vector<${NR}xf32>, index, memref<${NR}x${WPR}xf32, #gpu.address_space<workgroup>>) -> vector<${NR}xf32>
         %sums = func.call @normir_cluster_sum(%sums_row, %tid, %iter)
             : (vector<${NR}xf32>, index, index) -> vector<${NR}xf32>
-        %rstd = func.call @normir_fwd_rstd(%sums) : (vector<${NR}xf32>) -> f32
+        %rstd, %mean_s = func.call @normir_fwd_stats(%sums) : (vector<${NR}xf32>) -> (f32, f32)
 
         %is_lane0 = arith.cmpi eq, %lane, %c0 : index
         %is_rank0 = arith.cmpi eq, %rank, %c0 : index
@@ -165,10 +196,18 @@ ${ABSENT}
               : memref<1xf32> to memref<?xf32>
           memref.store %rstd, %rstd_out[%row] : memref<?xf32>
         }
+        %write_mean = arith.andi %store_mean, %lead : i1
+        scf.if %write_mean {
+          %mean_out = memref.reinterpret_cast %mean_arg to offset: [0], sizes: [%rows], strides: [1]
+              : memref<1xf32> to memref<?xf32>
+          %mean = arith.addf %mean_s, %shift : f32
+          memref.store %mean, %mean_out[%row] : memref<?xf32>
+        }
 
         // Pass 2: y = x * rstd * w, from the cached chunks (or x again). With BATCH_RELOAD every
         // chunk of x and w is loaded first (into xbuf, wbuf), then all are normalized and stored.
         %rstd_v = vector.broadcast %rstd : f32 to vector<${V}xf32>
+        %mean_v = vector.broadcast %mean_s : f32 to vector<${V}xf32>
         scf.if %batch_reload {
           affine.for %k = 0 to ${K} {
             %ck = arith.muli %k, %tpr : index
@@ -211,7 +250,9 @@ ${ABSENT}
               scf.yield %v : vector<${V}x${HT}>
             }
             %xf = func.call @normir_late_ext_h(%xv) : (vector<${V}x${HT}>) -> vector<${V}xf32>
-            %xn = func.call @normir_fwd_norm(%xf, %rstd_v) : (vector<${V}xf32>, vector<${V}xf32>) -> vector<${V}xf32>
+            %xs = arith.subf %xf, %shift_v : vector<${V}xf32>
+            %xn = func.call @normir_fwd_norm(%xs, %rstd_v, %mean_v)
+                : (vector<${V}xf32>, vector<${V}xf32>, vector<${V}xf32>) -> vector<${V}xf32>
             %yf = scf.if %has_weight -> (vector<${V}xf32>) {
               %wv = scf.if %w_held -> (vector<${V}x${WT}>) {
                 %v = vector.load %wbuf[%k, %c0] : memref<${K}x${V}x${WT}, #gpu.address_space<private>>, vector<${V}x${WT}>

@@ -1,4 +1,5 @@
-"""Side-by-side RMSNorm bandwidth benchmark: normir against the kernels users would pick instead.
+"""Side-by-side RMSNorm and LayerNorm bandwidth benchmark: normir against the kernels users would
+pick instead.
 
 Everything runs in one process, on one GPU, on the same inputs:
 
@@ -8,6 +9,9 @@ Everything runs in one process, on one GPU, on the same inputs:
   weight (``--dtype``), eps 1e-6, shapes M x N with M*N = 2^27 (M = 2^27 // N);
 - the fused residual add (``add_fwd``, ``add_bwd``): h = x + residual, y = rmsnorm(h) * w, returning
   (y, h); the backward from dy and d_residual_out gives dx (= dresidual) and dw;
+- LayerNorm with a weight and a bias (``ln_fwd``, ``ln_bwd``), bf16 x, weight and bias, eps 1e-5,
+  and its fused residual add (``add_ln_fwd``, ``add_ln_bwd``): h = x + residual, y = layernorm(h) *
+  w + b, returning (y, h); the backward from dy and d_residual_out gives dx (= dresidual), dw, db;
 - small-M rows (N=4096, M in 1, 16, 128): host-visible microseconds per forward call, a wall clock
   over many back-to-back calls followed by one synchronize (host overhead + launch).
 
@@ -33,6 +37,19 @@ copy ceiling is the median of as many rounds. bench.json keeps every round's tim
 is ``fused_add_rmsnorm_fwd`` / ``fused_add_rmsnorm_bwd``, torch eager is ``x + residual`` then
 ``F.rms_norm``, torch.compile compiles that, Liger is ``LigerFusedAddRMSNormFunction`` (in_place=False)
 and quack ``rmsnorm(x, w, residual=residual, prenorm=True)``.
+  ln_fwd:     x read + y written                                  = 2 * M * N * e
+  ln_bwd:     x, dy read + dx written                             = 3 * M * N * e
+  add_ln_fwd: x, residual read + y, residual_out written          = 4 * M * N * e
+  add_ln_bwd: dy, d_residual_out, residual_out read + dx written  = 4 * M * N * e
+(mean, rstd, weight, bias, dw and db not counted.) For LayerNorm, normir is ``layernorm_fwd`` /
+``layernorm_bwd`` (one call: dx, dw, db; normir-atomic with ``atomic=True``) and for the fused add
+``fused_add_layernorm_fwd`` / ``fused_add_layernorm_bwd``; torch eager is ``F.layer_norm`` (after
+``x + residual`` for the fused add), torch.compile compiles the same; Liger is
+``LigerLayerNormFunction.apply(x, w, b, eps)`` (backward through autograd: dx, dw, db) and quack
+``quack.rmsnorm.layernorm_fwd(x, w, b, eps)`` / ``layernorm_bwd(x, w, dy, rstd, mean, has_bias=True)``
+(its backward has no autograd, so it is called directly on the rstd and mean of a forward done
+outside; quack takes only a 2-D x and an fp32 weight and bias, converted once outside the timed
+call). Neither peer has a fused-add LayerNorm: those rows are normir, torch eager and torch.compile.
 
 Output: a progress line per shape, then the summary tables (last, so a tail of the log shows them);
 ``bench.json`` (GPU, versions, date, copy GB/s, every time and error) and ``bench.png`` (GB/s vs N,
@@ -60,6 +77,7 @@ from typing import Any
 import torch
 
 EPS = 1e-6
+LN_EPS = 1e-5  # LayerNorm's (torch.nn.LayerNorm's default)
 TOTAL = 1 << 27  # elements per shape (M * N)
 FULL_NS = (1024, 2048, 2880, 4096, 7168, 8192, 16384, 32768, 65536)
 QUICK_NS = (1024, 4096, 65536)
@@ -68,24 +86,29 @@ SMALL_N = 4096
 SMALL_MS = (1, 16, 128)
 SMALL_CALLS = 2000
 DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
-OPS = ("fwd", "bwd", "fwdbwd", "add_fwd", "add_bwd")
-BYTES_PER_ELEM = {"fwd": 2, "bwd": 3, "fwdbwd": 5, "add_fwd": 4, "add_bwd": 4}  # M x N tensors each op moves
+OPS = ("fwd", "bwd", "fwdbwd", "add_fwd", "add_bwd", "ln_fwd", "ln_bwd", "add_ln_fwd", "add_ln_bwd")
+BYTES_PER_ELEM = {"fwd": 2, "bwd": 3, "fwdbwd": 5, "add_fwd": 4, "add_bwd": 4,  # M x N tensors each op moves
+                  "ln_fwd": 2, "ln_bwd": 3, "add_ln_fwd": 4, "add_ln_bwd": 4}
 
 
 @dataclass(frozen=True)
 class Inputs:
     """One shape's tensors, shared by every provider: x, residual, dy and d_residual_out (M x N),
-    the weight (N)."""
+    the weight and LayerNorm's bias (N)."""
 
     x: torch.Tensor
     residual: torch.Tensor | None
     w: torch.Tensor
     dy: torch.Tensor | None
     dh: torch.Tensor | None
+    b: torch.Tensor | None = None
 
 
 Fn = Callable[[torch.Tensor, torch.Tensor, float], Any]  # (x, w, eps) -> y
 AddFn = Callable[[torch.Tensor, torch.Tensor, torch.Tensor, float], Any]  # (x, residual, w, eps) -> (y, h)
+LnFn = Callable[[torch.Tensor, torch.Tensor, torch.Tensor, float], Any]  # (x, w, b, eps) -> y
+# (x, residual, w, b, eps) -> (y, h)
+AddLnFn = Callable[[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, float], Any]
 Setup = Callable[[Inputs], Callable[[], Any]]  # prepares what the timed call needs, returns that call
 
 
@@ -102,14 +125,20 @@ class Provider:
         return not self.name.startswith("normir")
 
 
-def provider(name: str, fn: Fn | None = None, add: AddFn | None = None, **ops: Setup) -> Provider:
-    """A provider from a differentiable rmsnorm fn and fused-add fn (forward, backward through
-    autograd, forward+backward), with the setups in ops taking their place where given."""
+def provider(name: str, fn: Fn | None = None, add: AddFn | None = None, ln: LnFn | None = None,
+             add_ln: AddLnFn | None = None, **ops: Setup) -> Provider:
+    """A provider from a differentiable rmsnorm fn and fused-add fn, and a differentiable layernorm
+    fn and fused-add layernorm fn (forward, backward through autograd, forward+backward), with the
+    setups in ops taking their place where given."""
     made: dict[str, Setup] = {}
     if fn is not None:
         made.update(fwd=forward(fn), bwd=autograd_bwd(fn), fwdbwd=autograd_fwdbwd(fn))
     if add is not None:
         made.update(add_fwd=add_forward(add), add_bwd=add_autograd_bwd(add))
+    if ln is not None:
+        made.update(ln_fwd=ln_forward(ln), ln_bwd=ln_autograd_bwd(ln))
+    if add_ln is not None:
+        made.update(add_ln_fwd=add_ln_forward(add_ln), add_ln_bwd=add_ln_autograd_bwd(add_ln))
     return Provider(name, {**made, **ops})
 
 
@@ -162,6 +191,40 @@ def add_autograd_bwd(fn: AddFn) -> Setup:
     return setup
 
 
+def ln_forward(fn: LnFn) -> Setup:
+    return lambda t: lambda: fn(t.x, t.w, t.b, LN_EPS)
+
+
+def ln_autograd_bwd(fn: LnFn) -> Setup:
+    """Backward of a differentiable layernorm, y -> (dx, dw, db) given dy, on a graph built once
+    and retained."""
+
+    def setup(t: Inputs):
+        xr, wr = _leaves(t.x, t.w)
+        br = t.b.detach().requires_grad_(True)
+        y = fn(xr, wr, br, LN_EPS)
+        return lambda: torch.autograd.grad(y, [xr, wr, br], t.dy, retain_graph=True)
+
+    return setup
+
+
+def add_ln_forward(fn: AddLnFn) -> Setup:
+    return lambda t: lambda: fn(t.x, t.residual, t.w, t.b, LN_EPS)
+
+
+def add_ln_autograd_bwd(fn: AddLnFn) -> Setup:
+    """Backward of a differentiable fused-add layernorm, (y, h) -> (dx, dresidual, dw, db) given
+    dy and d_residual_out, on a graph built once and retained."""
+
+    def setup(t: Inputs):
+        xr, wr = _leaves(t.x, t.w)
+        rr, br = t.residual.detach().requires_grad_(True), t.b.detach().requires_grad_(True)
+        y, h = fn(xr, rr, wr, br, LN_EPS)
+        return lambda: torch.autograd.grad([y, h], [xr, rr, wr, br], [t.dy, t.dh], retain_graph=True)
+
+    return setup
+
+
 def normir_bwd(atomic_dw: bool) -> Setup:
     """normir backward as one rmsnorm_bwd call (dx and dw), rstd from a forward done outside."""
 
@@ -193,6 +256,44 @@ def normir_add_bwd(atomic: bool) -> Setup:
     return setup
 
 
+def normir_ln_fwd(t: Inputs) -> Callable[[], Any]:
+    import normir
+
+    return lambda: normir.layernorm_fwd(t.x, t.w, t.b, LN_EPS)
+
+
+def normir_ln_bwd(atomic: bool) -> Setup:
+    """normir's LayerNorm backward as one layernorm_bwd call (dx, dw and db), mean and rstd from a
+    forward done outside."""
+
+    def setup(t: Inputs):
+        import normir
+
+        _, mean, rstd = normir.layernorm_fwd(t.x, t.w, t.b, LN_EPS, store_stats=True)
+        return lambda: normir.layernorm_bwd(t.x, t.w, t.dy, mean, rstd, has_bias=True, atomic=atomic)
+
+    return setup
+
+
+def normir_add_ln_fwd(t: Inputs) -> Callable[[], Any]:
+    import normir
+
+    return lambda: normir.fused_add_layernorm_fwd(t.x, t.residual, t.w, t.b, LN_EPS)
+
+
+def normir_add_ln_bwd(atomic: bool) -> Setup:
+    """normir's fused-add LayerNorm backward as one fused_add_layernorm_bwd call (dh, dw and db),
+    from a forward done outside."""
+
+    def setup(t: Inputs):
+        import normir
+
+        _, h, mean, rstd = normir.fused_add_layernorm_fwd(t.x, t.residual, t.w, t.b, LN_EPS, store_stats=True)
+        return lambda: normir.fused_add_layernorm_bwd(t.dy, h, t.w, mean, rstd, t.dh, has_bias=True, atomic=atomic)
+
+    return setup
+
+
 # ---------------------------------------------------------------------------- providers
 
 
@@ -208,8 +309,11 @@ def load_normir() -> list[Provider]:
     return [
         Provider("normir", {"fwd": forward(lambda x, w, eps: normir.rmsnorm_fwd(x, w, eps)[0]),
                             "bwd": normir_bwd(False), "fwdbwd": autograd_fwdbwd(normir.rmsnorm),
-                            "add_fwd": normir_add_fwd, "add_bwd": normir_add_bwd(False)}),
-        Provider("normir-atomic", {"bwd": normir_bwd(True), "add_bwd": normir_add_bwd(True)}),
+                            "add_fwd": normir_add_fwd, "add_bwd": normir_add_bwd(False),
+                            "ln_fwd": normir_ln_fwd, "ln_bwd": normir_ln_bwd(False),
+                            "add_ln_fwd": normir_add_ln_fwd, "add_ln_bwd": normir_add_ln_bwd(False)}),
+        Provider("normir-atomic", {"bwd": normir_bwd(True), "add_bwd": normir_add_bwd(True),
+                                   "ln_bwd": normir_ln_bwd(True), "add_ln_bwd": normir_add_ln_bwd(True)}),
     ]
 
 
@@ -221,11 +325,23 @@ def _add_then_norm(norm: Fn) -> AddFn:
     return add
 
 
+def _add_then_ln(norm: LnFn) -> AddLnFn:
+    def add(x, residual, w, b, eps):
+        h = x + residual
+        return norm(h, w, b, eps), h
+
+    return add
+
+
+def _layer_norm(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor, eps: float) -> torch.Tensor:
+    return torch.nn.functional.layer_norm(x, (x.shape[-1],), w, b, eps)
+
+
 def load_torch() -> list[Provider]:
     def eager(x, w, eps):
         return torch.nn.functional.rms_norm(x, (x.shape[-1],), w, eps)
 
-    return [provider("torch", eager, _add_then_norm(eager))]
+    return [provider("torch", eager, _add_then_norm(eager), _layer_norm, _add_then_ln(_layer_norm))]
 
 
 def load_compile() -> list[Provider]:
@@ -237,12 +353,16 @@ def load_compile() -> list[Provider]:
             setattr(dcfg, key, 1000)
     compiled = torch.compile(_rmsnorm_fp32, dynamic=False)
     compiled_add = torch.compile(_add_then_norm(_rmsnorm_fp32), dynamic=False)
-    return [provider("compile", compiled, compiled_add)]
+    # LayerNorm: F.layer_norm as is (inductor's decomposition computes a 16-bit x's statistics in fp32).
+    compiled_ln = torch.compile(_layer_norm, dynamic=False)
+    compiled_add_ln = torch.compile(_add_then_ln(_layer_norm), dynamic=False)
+    return [provider("compile", compiled, compiled_add, compiled_ln, compiled_add_ln)]
 
 
 def load_liger() -> list[Provider]:
     fn_cls = importlib.import_module("liger_kernel.ops.rms_norm").LigerRMSNormFunction
     add_cls = importlib.import_module("liger_kernel.ops.fused_add_rms_norm").LigerFusedAddRMSNormFunction
+    ln_cls = importlib.import_module("liger_kernel.ops.layer_norm").LigerLayerNormFunction
 
     def liger(x, w, eps):  # offset 0, Llama casting (fp32 rstd), in_place=False: dy stays intact
         return fn_cls.apply(x, w, eps, 0.0, "llama", False)
@@ -250,7 +370,10 @@ def load_liger() -> list[Provider]:
     def liger_add(x, residual, w, eps):  # returns (y, x + residual)
         return add_cls.apply(x, residual, w, eps, 0.0, "llama", False)
 
-    return [provider("liger", liger, liger_add)]
+    def liger_ln(x, w, b, eps):  # forward(ctx, X, W, B, eps); saves mean and rstd; no fused-add LayerNorm
+        return ln_cls.apply(x, w, b, eps)
+
+    return [provider("liger", liger, liger_add, liger_ln)]
 
 
 def load_quack() -> list[Provider]:
@@ -263,7 +386,31 @@ def load_quack() -> list[Provider]:
     def quack_add(x, residual, w, eps):
         return mod.rmsnorm(x, w, residual=residual, eps=eps, prenorm=True)
 
-    return [provider("quack", quack, quack_add)]
+    return [provider("quack", quack, quack_add, **quack_layernorm(mod))]
+
+
+def quack_layernorm(mod: Any) -> dict[str, Setup]:
+    """quack's LayerNorm setups: layernorm_fwd(x, weight, bias=None, eps=1e-6, return_rstd=False,
+    return_mean=False) and layernorm_bwd(x, weight, dout, rstd, mean, has_bias=True) -> (dx, dw,
+    db), which have no autograd Function and take only a 2-D x and an fp32 weight and bias (made
+    once, outside the timed call). None where this quack has no LayerNorm (nor a fused-add one)."""
+    fwd, bwd = getattr(mod, "layernorm_fwd", None), getattr(mod, "layernorm_bwd", None)
+    if fwd is None or bwd is None:
+        return {}
+
+    def fp32(t: Inputs) -> tuple[torch.Tensor, torch.Tensor]:
+        return t.w.float(), t.b.float()
+
+    def ln_fwd(t: Inputs):
+        w, b = fp32(t)
+        return lambda: fwd(t.x, w, b, eps=LN_EPS)
+
+    def ln_bwd(t: Inputs):
+        w, b = fp32(t)
+        _, rstd, mean = fwd(t.x, w, b, eps=LN_EPS, return_rstd=True, return_mean=True)
+        return lambda: bwd(t.x, w, t.dy, rstd, mean, has_bias=True)
+
+    return {"ln_fwd": ln_fwd, "ln_bwd": ln_bwd}
 
 
 # name -> loader, in column order; a loader that raises drops its providers with the reason.
@@ -377,12 +524,14 @@ def _measure_shape(providers: list[Provider], ops: list[str], m: int, n: int,
         return torch.randn(m, n, device="cuda", dtype=dtype)
 
     add = any(op.startswith("add_") for op in ops)
+    ln = any(is_layernorm(op) for op in ops)
     t = Inputs(x=rows(), residual=rows() if add else None, w=torch.randn(n, device="cuda", dtype=dtype), dy=rows(),
-               dh=rows() if add else None)
+               dh=rows() if add else None, b=torch.randn(n, device="cuda", dtype=dtype) if ln else None)
     out = {}
     for op in ops:
         nbytes = BYTES_PER_ELEM[op] * m * n * t.x.element_size()
         by_name = {p.name: p.ops[op] for p in providers if op in p.ops}
+        print(f"{op:10s} {m}x{n}: measuring {', '.join(by_name)}", flush=True)  # locates a stall
         # A fresh setup per round (a retained graph for the backward), dropped once timed.
         ms, ms_rounds, errors = in_rounds(
             list(by_name), rounds, lambda name, by_name=by_name: bench_ms(by_name[name](t)))
@@ -390,7 +539,7 @@ def _measure_shape(providers: list[Provider], ops: list[str], m: int, n: int,
                "gbps": {k: gbps(nbytes, v) for k, v in ms.items()}, "errors": errors}
         out[op] = row
         cells = " | ".join(f"{k} {fmt(v, 0)}" for k, v in row["gbps"].items())
-        print(f"{op:6s} {m}x{n}: {cells} GB/s", flush=True)
+        print(f"{op:10s} {m}x{n}: {cells} GB/s", flush=True)
         for k, err in row["errors"].items():
             print(f"    {k}: {err}", flush=True)
     return out
@@ -422,7 +571,7 @@ def measure_small(providers: list[Provider], dtype: torch.dtype, rounds: int) ->
     rows = []
     for m in SMALL_MS:
         row = small_row(providers, m, dtype, rounds)
-        print(f"small  {m}x{SMALL_N}: " + " | ".join(f"{k} {fmt(v, 1)}" for k, v in row["us"].items()) + " us",
+        print(f"small      {m}x{SMALL_N}: " + " | ".join(f"{k} {fmt(v, 1)}" for k, v in row["us"].items()) + " us",
               flush=True)
         for k, err in row["errors"].items():
             print(f"    {k}: {err}", flush=True)
@@ -432,6 +581,17 @@ def measure_small(providers: list[Provider], dtype: torch.dtype, rounds: int) ->
 
 
 # ---------------------------------------------------------------------------- reporting
+
+
+def is_layernorm(op: str) -> bool:
+    return op.removeprefix("add_").startswith("ln_")
+
+
+def op_title(op: str) -> str:
+    """The plot's name of an op: "fused add + rmsnorm bwd", "layernorm fwd"."""
+    base = op.removeprefix("add_")
+    norm, direction = ("layernorm", base.removeprefix("ln_")) if is_layernorm(op) else ("rmsnorm", base)
+    return f"{'fused add + ' if op.startswith('add_') else ''}{norm} {direction}"
 
 
 def fmt(v: float | None, digits: int) -> str:
@@ -529,8 +689,7 @@ def plot(path: Path, data: dict[str, Any]) -> None:
         ax.minorticks_off()
         ax.set_xlabel("N (M = 2^27 // N)")
         ax.set_ylabel("GB/s")
-        ax.set_title(f"{'fused add + ' if op.startswith('add_') else ''}rmsnorm {op.removeprefix('add_')}, "
-                     f"{data['dtype']}")
+        ax.set_title(f"{op_title(op)}, {data['dtype']}")
         ax.grid(alpha=0.3)
         ax.set_ylim(bottom=0)
         ax.legend(fontsize=8)
@@ -576,7 +735,7 @@ def main(argv: list[str] | None = None) -> int:
     data: dict[str, Any] = {
         "gpu": torch.cuda.get_device_name(), "versions": versions(),
         "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-        "dtype": args.dtype, "eps": EPS, "elements_per_shape": TOTAL,
+        "dtype": args.dtype, "eps": EPS, "ln_eps": LN_EPS, "elements_per_shape": TOTAL,
         "timing": "triton.testing.do_bench median (warmup 25 ms, rep 100 ms); small M: wall clock; "
                   "each the median of the rounds, run in rotated provider order",
         "rounds": args.rounds, "providers": status, "copy": copy_ceiling(dtype, args.rounds),

@@ -1,7 +1,9 @@
 """A short fwd + bwd workload for compute-sanitizer (memcheck, racecheck): every kernel layout
 (several rows per block, multi-warp rows with tails, register and streaming modes, rows split
-over thread-block clusters, the dw reduction, atomics) on small M, and the fused residual add
-(mixed dtypes, a bias, d_residual_out), each checked against the float64 reference.
+over thread-block clusters, the dw reduction, atomics) on small M, the fused residual add
+(mixed dtypes, a bias, d_residual_out), and LayerNorm (with and without a weight and a bias, its
+fused add with an fp32 residual and d_residual_out, atomics), each checked against the float64
+reference.
 
     compute-sanitizer --tool memcheck python scripts/sanitize.py
 """
@@ -15,10 +17,17 @@ import torch
 import normir
 from normir import launch
 from normir.ops.fused_add_rmsnorm import fused_add_rmsnorm_bwd_ref, fused_add_rmsnorm_ref
+from normir.ops.layernorm import layernorm_bwd_ref, layernorm_ref
 from normir.ops.rmsnorm import rmsnorm_bwd_ref, rmsnorm_ref
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
-from gpu_cases import SANITIZE_FUSED, sanitize_combos  # noqa: E402
+from gpu_cases import (  # noqa: E402
+    SANITIZE_FUSED,
+    SANITIZE_LN,
+    SANITIZE_LN_ATOMIC_N,
+    SANITIZE_LN_COMBOS,
+    sanitize_combos,
+)
 
 TORCH = {"f32": torch.float32, "f16": torch.float16, "bf16": torch.bfloat16}
 
@@ -28,6 +37,9 @@ TORCH = {"f32": torch.float32, "f16": torch.float16, "bf16": torch.bfloat16}
 # cluster barrier at 32768 / 65536).
 CASES = [(100, torch.bfloat16), (1024, torch.float32), (2880, torch.bfloat16), (4096, torch.float16),
          (16384, torch.bfloat16), (32768, torch.bfloat16), (65536, torch.bfloat16), (131072, torch.float32)]
+
+
+LN_EPS = 1e-5
 
 
 def err(a, b):
@@ -48,6 +60,8 @@ def main() -> None:
     os.environ["NORMIR_TPR"] = ""
     launch.clear_handles()
     bad += fused_cases()
+    bad += layernorm_cases()
+    bad += layernorm_atomic()
     atomic_and_report(bad)
 
 
@@ -93,6 +107,70 @@ def fused_cases() -> int:
                 bad += not ok
                 print(f"fused n={n} m={m} x {x_t} residual {r_t}{' bias' if b_t else ''}: "
                       + " ".join(f"{v:.2e}" for v in e) + (" ok" if ok else " FAIL"))
+    return bad
+
+
+def layernorm_cases() -> int:
+    """LayerNorm through autograd: forward y (and residual_out with a residual), backward dx
+    (dresidual), dw and db from dy (and d_residual_out)."""
+    bad = 0
+    for n, dt in SANITIZE_LN:
+        for name, has_w, has_b, r_t in SANITIZE_LN_COMBOS:
+            for m in (1, 37):
+                x = torch.randn((m, n), device="cuda").to(TORCH[dt]).requires_grad_(True)
+                r = torch.randn((m, n), device="cuda").to(TORCH[r_t]).requires_grad_(True) if r_t else None
+                w = (torch.randn(n, device="cuda") + 1).to(TORCH[dt]).requires_grad_(True) if has_w else None
+                b = torch.randn(n, device="cuda").to(TORCH[dt]).requires_grad_(True) if has_b else None
+                leaves = [t for t in (x, r, w, b) if t is not None]
+                if r is not None:
+                    y, h = normir.layernorm(x, w, b, LN_EPS, residual=r, prenorm=True)
+                    dy, dh = torch.randn_like(y), torch.randn_like(h)
+                    grads = torch.autograd.grad([y, h], leaves, [dy, dh])
+                else:
+                    y = normir.layernorm(x, w, b, LN_EPS)
+                    dy, dh = torch.randn_like(y), None
+                    grads = torch.autograd.grad(y, leaves, dy)
+                y_ref, h_ref, _, _ = layernorm_ref(x.detach(), w, b, LN_EPS, r.detach() if r is not None else None)
+                g_ref, dw_ref, db_ref = layernorm_bwd_ref(h_ref, w, b, LN_EPS, dy, dh)
+                refs = [g_ref] + [ref for ref, t in ((g_ref, r), (dw_ref, w), (db_ref, b)) if t is not None]
+                e = [err(y, y_ref)] + [err(g, ref) for g, ref in zip(grads, refs)]
+                ok = all(v < 2e-2 for v in e) and (r is None or torch.equal(h, h_ref))
+                bad += not ok
+                print(f"layernorm {name} n={n} m={m} x {dt}: " + " ".join(f"{v:.2e}" for v in e)
+                      + (" ok" if ok else " FAIL"))
+    return bad
+
+
+def layernorm_atomic() -> int:
+    """LayerNorm's backward with atomic column sums (dw, db) through the direct API, mean and rstd
+    checked too: plain (a weight and a bias), and the fused add with an fp32 residual and
+    d_residual_out (dx bf16 and dresidual fp32 from one pass)."""
+    bad = 0
+    for n in SANITIZE_LN_ATOMIC_N:
+        for r_t in (None, "f32"):
+            x = torch.randn((64, n), device="cuda").bfloat16()
+            r = torch.randn((64, n), device="cuda").to(TORCH[r_t]) if r_t else None
+            w = (torch.randn(n, device="cuda") + 1).bfloat16()
+            b = torch.randn(n, device="cuda").bfloat16()
+            if r is not None:
+                y, h, mean, rstd = normir.fused_add_layernorm_fwd(x, r, w, b, LN_EPS, store_stats=True)
+                dy, dh = torch.randn_like(y), torch.randn_like(h)
+                (dx, dres), dw, db = normir.fused_add_layernorm_bwd(dy, h, w, mean, rstd, dh, has_bias=True,
+                                                                    dx_dtype=x.dtype, dresidual_dtype=r.dtype,
+                                                                    atomic=True)
+            else:
+                y, mean, rstd = normir.layernorm_fwd(x, w, b, LN_EPS, store_stats=True)
+                h, dy, dh = x, torch.randn_like(y), None
+                dx, dw, db = normir.layernorm_bwd(x, w, dy, mean, rstd, has_bias=True, atomic=True)
+                dres = dx
+            y_ref, h_ref, mean_ref, rstd_ref = layernorm_ref(x, w, b, LN_EPS, r)
+            g_ref, dw_ref, db_ref = layernorm_bwd_ref(h_ref, w, b, LN_EPS, dy, dh)
+            e = [err(y, y_ref), err(mean, mean_ref), err(rstd, rstd_ref), err(dx, g_ref), err(dres, g_ref),
+                 err(dw, dw_ref), err(db, db_ref)]
+            ok = all(v < 2e-2 for v in e) and torch.equal(h, h_ref)
+            bad += not ok
+            print(f"layernorm atomic n={n}{' residual ' + r_t if r_t else ''}: y mean rstd dx dres dw db "
+                  + " ".join(f"{v:.2e}" for v in e) + (" ok" if ok else " FAIL"))
     return bad
 
 

@@ -1,14 +1,14 @@
-"""Time layout variants (threads per row) of the RMSNorm kernels (fwd, bwd) and the fused
-residual add's (add_fwd, add_bwd: residual in x's type, d_residual_out given) side by side on
-one GPU.
+"""Time layout variants (threads per row) of the RMSNorm kernels (fwd, bwd), the fused
+residual add's (add_fwd, add_bwd: residual in x's type, d_residual_out given) and LayerNorm's
+(ln_fwd, ln_bwd: a weight and a bias, eps 1e-5) side by side on one GPU.
 
     python scripts/tune.py plan        # print the variants' Options (for `normir aot`)
     python scripts/tune.py run         # on the GPU: GB/s per variant, M*N = 2^27, bf16
     PLACEMENTS=3 python scripts/tune.py run   # each variant on 3 tensor placements
 
 Each variant is a NORMIR_TPR setting; 0 is the layout policy's own choice. For the backward the
-policy's layout is also timed without a weight (no dw sums, no reduction kernel), which shows
-what the dw work costs.
+policy's layout is also timed without a weight (no dw sums, no reduction kernel; LayerNorm's also
+without a bias: no db sums), which shows what the column sums cost.
 """
 
 from __future__ import annotations
@@ -18,23 +18,26 @@ import os
 import sys
 
 VARIANTS = {  # (op, N, dtype): layouts to compare, as NORMIR_TPR values ("0": the policy's)
-    # The fused add's forward (two row reads): the policy since v69 (one chunk per thread up to
-    # 256 chunks, then 2 up to 1024 threads) against the previous one, and 1 chunk at 4096-8192.
-    ("add_fwd", 1024, "bf16"): ("0", "64h21r0"),
-    ("add_fwd", 2048, "bf16"): ("0", "128h21r0"),
-    ("add_fwd", 4096, "bf16"): ("0", "512h21r0"),
-    ("add_fwd", 8192, "bf16"): ("0", "1024h21r0"),
-    ("add_fwd", 16384, "bf16"): ("0", "512h53r0b1"),
-    # The fused add's backward: unstaged at 7168 (the policy since v69), and N=65536's clusters
-    # of 8 chunks per thread (256 threads) or 2 (1024 threads).
-    ("add_bwd", 7168, "bf16"): ("0", "0s1"),
-    ("add_bwd", 65536, "bf16"): ("0", "256x4", "1024x4"),
+    # LayerNorm (weight and bias): the policy's layouts, forward with per-lane Welford (v71).
+    ("ln_fwd", 1024, "bf16"): ("0",),
+    ("ln_fwd", 2048, "bf16"): ("0",),
+    ("ln_fwd", 4096, "bf16"): ("0",),
+    ("ln_fwd", 8192, "bf16"): ("0",),
+    ("ln_fwd", 16384, "bf16"): ("0",),
+    ("ln_fwd", 32768, "bf16"): ("0",),
+    ("ln_fwd", 65536, "bf16"): ("0",),
+    ("ln_bwd", 1024, "bf16"): ("0",),
+    ("ln_bwd", 8192, "bf16"): ("0",),
+    ("ln_bwd", 65536, "bf16"): ("0",),
 }
 KERNEL = {"fwd": "rmsnorm_fwd", "bwd": "rmsnorm_bwd", "add_fwd": "fused_add_rmsnorm_fwd",
-          "add_bwd": "fused_add_rmsnorm_bwd"}
-# The fused kernels' feature options (the bf16 residual, d_residual_out) for launch.handle.
-EXTRA = {"add_fwd": (("rdtype", "bf16"), ("store_residual", True)), "add_bwd": (("has_dres_out", True),)}
-BYTES = {"fwd": 2, "bwd": 3, "add_fwd": 4, "add_bwd": 4}
+          "add_bwd": "fused_add_rmsnorm_bwd", "ln_fwd": "layernorm_fwd", "ln_bwd": "layernorm_bwd"}
+# The fused kernels' feature options (the bf16 residual, d_residual_out; LayerNorm's bias, whose
+# column sums the backward keeps in fp32) for launch.handle.
+EXTRA = {"add_fwd": (("rdtype", "bf16"), ("store_residual", True)), "add_bwd": (("has_dres_out", True),),
+         "ln_fwd": (("bdtype", "bf16"),), "ln_bwd": (("bdtype", "f32"),)}
+BYTES = {"fwd": 2, "bwd": 3, "add_fwd": 4, "add_bwd": 4, "ln_fwd": 2, "ln_bwd": 3}
+EPS, LN_EPS = 1e-6, 1e-5  # RMSNorm's and LayerNorm's (a backward's kernel is keyed on BWD_KEY_EPS)
 
 
 def _parse(variant: str) -> dict[str, int]:
@@ -66,6 +69,9 @@ def plan() -> list[dict]:
                 out += [{**d, **knobs} if d["kernel"] != "rmsnorm_dw_reduce" else d
                         for d in fused_bwd(n, dt, dt, vec=vec)] + [fused_fwd(n, dt, dt, vec=vec)]
                 continue
+            if op in ("ln_fwd", "ln_bwd"):
+                out += _ln_plan(op, n, dt, vec, knobs)
+                continue
             fwd = dict(kernel="rmsnorm_fwd", n=n, dtype=dt, wdtype=dt, eps=1e-6, target="sm_90", vec=vec)
             if op == "fwd":
                 out += [{**fwd, **knobs, "store_rstd": False}, {**fwd, **knobs, "store_rstd": True}]
@@ -79,7 +85,30 @@ def plan() -> list[dict]:
     return out
 
 
-def _outputs(normir, op: str, x, w, dy) -> tuple:
+def _ln_plan(op: str, n: int, dt: str, vec: int, knobs: dict) -> list[dict]:
+    """LayerNorm's specializations for one variant (a weight and a bias of x's type): the forward
+    without and with mean and rstd stored; or the backward with dw and db (the column sums of both
+    in the weight's type) and without either, and the forward that feeds it (the policy's)."""
+    from normir.layout import max_vec
+    from normir.ops.rmsnorm import BWD_KEY_EPS
+
+    fwd = dict(kernel="layernorm_fwd", n=n, dtype=dt, wdtype=dt, eps=LN_EPS, target="sm_90", vec=vec, bdtype=dt)
+    if op == "ln_fwd":
+        return [{**fwd, **knobs, "store_rstd": False}, {**fwd, **knobs, "store_rstd": True}]
+    bwd = dict(kernel="layernorm_bwd", n=n, dtype=dt, wdtype=dt, eps=BWD_KEY_EPS, target="sm_90", vec=vec,
+               bdtype="f32", **knobs)
+    return [bwd, {**bwd, "has_weight": False, "bdtype": ""},
+            dict(kernel="rmsnorm_dw_reduce", n=n, dtype="f32", wdtype=dt, eps=BWD_KEY_EPS, target="sm_90",
+                 vec=max_vec(n, 4)),
+            {**fwd, "store_rstd": True}]
+
+
+def _outputs(normir, op: str, x, w, dy, bias) -> tuple:
+    if op == "ln_fwd":
+        return (normir.layernorm_fwd(x, w, bias, LN_EPS)[0],)
+    if op == "ln_bwd":
+        _, mean, rstd = normir.layernorm_fwd(x, w, bias, LN_EPS, store_stats=True)
+        return normir.layernorm_bwd(x, w, dy, mean, rstd, has_bias=True)
     if op == "fwd":
         return (normir.rmsnorm_fwd(x, w, 1e-6)[0],)
     if op == "add_fwd":
@@ -91,8 +120,14 @@ def _outputs(normir, op: str, x, w, dy) -> tuple:
     return normir.rmsnorm_bwd(x, w, dy, rstd)
 
 
-def _timed(normir, op: str, x, w, dy) -> dict:
+def _timed(normir, op: str, x, w, dy, bias) -> dict:
     """The calls to time for one placement: {tag: fn}."""
+    if op == "ln_fwd":
+        return {"": lambda: normir.layernorm_fwd(x, w, bias, LN_EPS)}
+    if op == "ln_bwd":
+        _, mean, rstd = normir.layernorm_fwd(x, w, bias, LN_EPS, store_stats=True)
+        return {"": lambda: normir.layernorm_bwd(x, w, dy, mean, rstd, has_bias=True),
+                "no-w": lambda: normir.layernorm_bwd(x, None, dy, mean, rstd)}
     if op == "fwd":
         return {"": lambda: normir.rmsnorm_fwd(x, w, 1e-6)}
     if op == "add_fwd":
@@ -106,9 +141,10 @@ def _timed(normir, op: str, x, w, dy) -> dict:
 
 
 def _placements(m: int, n: int, tdt, count: int) -> list[tuple]:
-    """count (x, w, dy) sets, with spacers of odd sizes between them so that each pair of x and
-    dy sits at a different offset: some backward layouts are fast or slow by where the tensors
-    sit (docs/results/*16384-address-probe*), so a variant is timed at several."""
+    """count (x, w, dy, bias) sets (the bias: LayerNorm's), with spacers of odd sizes between them
+    so that each pair of x and dy sits at a different offset: some backward layouts are fast or
+    slow by where the tensors sit (docs/results/*16384-address-probe*), so a variant is timed at
+    several."""
     import torch
 
     sets, spacers = [], []
@@ -117,7 +153,7 @@ def _placements(m: int, n: int, tdt, count: int) -> list[tuple]:
             spacers.append(torch.empty((3, 7, 1, 10, 5, 2, 9)[(i - 1) % 7] << 20, dtype=torch.uint8, device="cuda"))
         x = torch.randn((m, n), device="cuda").to(tdt)
         dy = torch.randn_like(x)
-        sets.append((x, torch.randn(n, device="cuda").to(tdt), dy))
+        sets.append((x, torch.randn(n, device="cuda").to(tdt), dy, torch.randn(n, device="cuda").to(tdt)))
     return sets
 
 
@@ -149,15 +185,16 @@ def run() -> None:
                 os.environ["NORMIR_TPR"] = "" if variant == "0" else f"{KERNEL[op]}:{n}={variant}"
                 launch.clear_handles()
                 nbytes = BYTES[op] * m * n * sets[0][0].element_size()
-                h, lay = launch.handle(KERNEL[op], 0, n, dt, dt, 1e-6, True, False, 16 // sets[0][0].element_size(),
+                eps = LN_EPS if op == "ln_fwd" else EPS  # EPS is BWD_KEY_EPS too
+                h, lay = launch.handle(KERNEL[op], 0, n, dt, dt, eps, True, False, 16 // sets[0][0].element_size(),
                                        extra=EXTRA.get(op, ()))
                 got = _outputs(normir, op, *sets[0])
                 same = all(torch.equal(a, b) for a, b in zip(got, ref))
                 diffs[variant] = "=" if same else "max diff " + "/".join(
                     f"{(a.float() - b.float()).abs().max().item():.2g}" for a, b in zip(got, ref))
                 per: dict[str, list[float]] = {}
-                for p, (x, w, dy) in enumerate(sets):
-                    for tag, fn in _timed(normir, op, x, w, dy).items():
+                for p, (x, w, dy, bias) in enumerate(sets):
+                    for tag, fn in _timed(normir, op, x, w, dy, bias).items():
                         ms = do_bench(fn, warmup=25, rep=100, return_mode="median")
                         per.setdefault(variant + tag, []).append(nbytes / ms / 1e6)
                         labels[variant + tag] = (

@@ -124,21 +124,21 @@ def _bwd(n, dt, wdt, has_weight=True, atomic=False, vec=0, **layout):
 
 
 def fused_fwd(n, x, r=None, w="", b=None, s=None, o=None, offset=0.0, *, eps=1e-6, store_rstd=True,
-              store_residual=True, vec=0) -> dict:
+              store_residual=True, vec=0, kernel="fused_add_rmsnorm_fwd") -> dict:
     """The forward specialization normir.ops.fused_add_rmsnorm._fwd launches for these dtypes (a
-    weight of w's type; "" its default, x's; None no weight)."""
-    return dict(kernel="fused_add_rmsnorm_fwd", n=n, dtype=x, wdtype=w or x, eps=eps, target="sm_90",
+    weight of w's type; "" its default, x's; None no weight); kernel: LayerNorm's too."""
+    return dict(kernel=kernel, n=n, dtype=x, wdtype=w or x, eps=eps, target="sm_90",
                 has_weight=w is not None, store_rstd=store_rstd, vec=vec, rdtype=r or "", sdtype=(s or "") if r else "",
                 odtype=o or "", bdtype=b or "", store_residual=bool(r) and store_residual, weight_offset=offset)
 
 
 def fused_bwd(n, x, r=None, w="", b=None, s=None, o=None, offset=0.0, *, dres_out=True, atomic=False,
-              vec=0) -> list[dict]:
+              vec=0, kernel="fused_add_rmsnorm_bwd") -> list[dict]:
     """The backward specializations autograd launches after fused_fwd with these dtypes: the
     row kernel (residual_out in s or r or x, dy in o or x, dx in x, dresidual in r where it
     differs) and the column sums of dw and db."""
     h = (s or r) if r else x
-    out = [dict(kernel="fused_add_rmsnorm_bwd", n=n, dtype=h, wdtype=w or x, eps=BWD_KEY_EPS, target="sm_90",
+    out = [dict(kernel=kernel, n=n, dtype=h, wdtype=w or x, eps=BWD_KEY_EPS, target="sm_90",
                 has_weight=w is not None, store_rstd=False, vec=vec, atomic_dw=atomic,
                 rdtype=r if r and r != x else "", odtype=o or x, xdtype=x, bdtype="f32" if b else "",
                 has_dres_out=bool(r) and dres_out, weight_offset=offset)]
@@ -195,7 +195,7 @@ def specializations() -> list[dict]:
     for n in BENCH_N:
         plan += [_fwd(n, "bf16", "bf16", store_rstd=False), _fwd(n, "bf16", "bf16")]
         plan += _bwd(n, "bf16", "bf16") + _bwd(n, "bf16", "bf16", atomic=True)
-    plan += fused_specializations()
+    plan += fused_specializations() + layer_specializations()
     seen, out = set(), []
     for p in plan:
         k = tuple(sorted(p.items()))
@@ -240,4 +240,82 @@ def fused_specializations() -> list[dict]:
         plan += [fused_fwd(n, "bf16", "bf16", store_rstd=False), fused_fwd(n, "bf16", "bf16")]
         plan += fused_bwd(n, "bf16", "bf16") + fused_bwd(n, "bf16", "bf16", atomic=True) + fused_bwd(n, "bf16", "f32")
         plan += [fused_fwd(n, "bf16", "f32", store_rstd=False), fused_fwd(n, "bf16", "f32")]
+    return plan
+
+
+# LayerNorm and fused-add LayerNorm (test_gpu_layernorm.py): (x, weight, bias) without a residual,
+# and (x, residual, weight, bias, residual_dtype, out_dtype) with one; None: absent / default.
+LN_EPS = 1e-5
+LN_COMBOS = (("bf16", None, None), ("bf16", "bf16", None), ("bf16", None, "bf16"), ("bf16", "f32", "f32"),
+             ("f16", "bf16", "bf16"), ("f32", "bf16", None))
+LN_COMBO_N = (100, 2880, 65536)
+LN_FUSED_COMBOS = (
+    ("bf16", "f32", "bf16", "bf16", None, None),  # the fp32 residual stream
+    ("bf16", "bf16", "bf16", "bf16", None, None),
+    ("f16", "f16", "f32", None, "f32", "f32"),  # residual_out and y in fp32, an fp32 weight, no bias
+    ("f32", "f32", "f32", "f32", "bf16", None),  # a 16-bit residual_out from fp32 inputs
+)
+LN_STATS_N = (100, 2880, 65536)
+LN_ACCURACY_N = (1024, 4096)
+LN_BIT_N = (1024, 65536)
+# scripts/sanitize.py: (N, x's dtype): several rows per block with narrow vectors (100), a masked
+# tail (2880), rows in registers (4096), multi-warp rows (16384), rows over clusters of 2 / 4 / 8
+# blocks (32768, 65536, 131072 in f32); each with every SANITIZE_LN_COMBOS entry, (name, weight,
+# bias, the residual's dtype or None): weight and bias of x's type; the fused add with an fp32
+# residual gets d_residual_out. Atomic column sums at SANITIZE_LN_ATOMIC_N (bf16), with and
+# without an fp32 residual.
+SANITIZE_LN = ((100, "bf16"), (2880, "bf16"), (4096, "f16"), (16384, "bf16"), (32768, "bf16"), (65536, "bf16"),
+               (131072, "f32"))
+SANITIZE_LN_COMBOS = (("plain", True, False, None), ("bias", True, True, None), ("no weight", False, False, None),
+                      ("fused f32 residual", True, True, "f32"))
+SANITIZE_LN_ATOMIC_N = (4096, 32768)
+
+
+def layer_fwd(n, x, r=None, w="", b=None, s=None, o=None, *, eps=LN_EPS, **kw) -> dict:
+    return fused_fwd(n, x, r, w, b, s, o, eps=eps, kernel="layernorm_fwd", **kw)
+
+
+def layer_bwd(n, x, r=None, w="", b=None, s=None, o=None, **kw) -> list[dict]:
+    return fused_bwd(n, x, r, w, b, s, o, kernel="layernorm_bwd", **kw)
+
+
+def layer_specializations() -> list[dict]:
+    """What test_gpu_layernorm.py, scripts/sanitize.py's and the benchmark's LayerNorm rows launch."""
+    plan: list[dict] = []
+    for dt in DTYPE_NAMES:  # the shared N and M sets with a weight and a bias of x's type
+        for n in FWD_N:
+            plan += [layer_fwd(n, dt, b=dt)] + layer_bwd(n, dt, b=dt)
+        for n in LN_STATS_N:
+            plan += [layer_fwd(n, dt, b=dt, store_rstd=False)]
+    for x, w, b in LN_COMBOS:
+        for n in LN_COMBO_N:
+            plan += [layer_fwd(n, x, w=w, b=b)] + layer_bwd(n, x, w=w, b=b)
+    for combo in LN_FUSED_COMBOS:
+        for n in FUSED_N:
+            plan.append(layer_fwd(n, *combo))
+            plan += layer_bwd(n, *combo) + layer_bwd(n, *combo, dres_out=False)
+    for n in LN_ACCURACY_N:
+        plan.append(layer_fwd(n, "f32", w=None, store_rstd=False))
+    for eps in EPS:
+        plan.append(layer_fwd(4096, "bf16", b="bf16", eps=eps, store_rstd=False))
+    for n in LN_BIT_N:
+        plan += layer_bwd(n, "bf16", b="bf16", atomic=True)
+    for n, dt in SANITIZE_LN:
+        for _, has_w, has_b, r in SANITIZE_LN_COMBOS:
+            w, b = (dt if has_w else None), (dt if has_b else None)
+            plan += [layer_fwd(n, dt, r, w, b)] + layer_bwd(n, dt, r, w, b)
+    for n in SANITIZE_LN_ATOMIC_N:
+        for r in (None, "f32"):
+            plan += [layer_fwd(n, "bf16", r, b="bf16")] + layer_bwd(n, "bf16", r, b="bf16", atomic=True)
+    gradcheck = ("f32", "f32", "f32", "f32")
+    plan += [layer_fwd(100, *gradcheck)] + layer_bwd(100, *gradcheck)
+    plan += [layer_fwd(1024, "bf16", "bf16", b="bf16")] + layer_bwd(1024, "bf16", "bf16", b="bf16")
+    plan += [layer_fwd(1024, "bf16", "f32", w="f32", b="bf16")] + layer_bwd(1024, "bf16", "f32", w="f32", b="bf16")
+    plan += [layer_fwd(TRAIN_N, "bf16", b="bf16")] + layer_bwd(TRAIN_N, "bf16", b="bf16")
+    plan += [layer_fwd(1024, "bf16", b="bf16", store_rstd=False), layer_fwd(1024, "bf16", w=None, store_rstd=False)]
+    for n in BENCH_N:
+        plan += [layer_fwd(n, "bf16", b="bf16", store_rstd=False), layer_fwd(n, "bf16", b="bf16")]
+        plan += layer_bwd(n, "bf16", b="bf16") + layer_bwd(n, "bf16", b="bf16", atomic=True)
+        plan += [layer_fwd(n, "bf16", "bf16", b="bf16", store_rstd=False), layer_fwd(n, "bf16", "bf16", b="bf16")]
+        plan += layer_bwd(n, "bf16", "bf16", b="bf16") + layer_bwd(n, "bf16", "bf16", b="bf16", atomic=True)
     return plan

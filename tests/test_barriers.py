@@ -35,9 +35,11 @@ def sweep(test):
 
 
 # Each swept kernel with its features on: the fused add with the residual in x's type (stored) and
-# d_residual_out read, as autograd runs it.
+# d_residual_out read, as autograd runs it; LayerNorm's kernels likewise, as the fused-add LayerNorm
+# (the forward storing mean and rstd).
 SWEEP_FEATURES = {"rmsnorm_fwd": {}, "rmsnorm_bwd": {}, "fused_add_rmsnorm_bwd": {"has_dres_out": True},
-                  "fused_add_rmsnorm_fwd": {"store_residual": True}}
+                  "fused_add_rmsnorm_fwd": {"store_residual": True}, "layernorm_bwd": {"has_dres_out": True},
+                  "layernorm_fwd": {"store_residual": True}}
 
 
 def sweep_options(kernel: str, n: int, dtype: str, has_weight: bool, target: str) -> Options:

@@ -1,4 +1,5 @@
-"""The benchmark's rounds (scripts/bench.py): rotated order, medians, failures kept out."""
+"""The benchmark's rounds (scripts/bench.py): rotated order, medians, failures kept out; its ops,
+byte accounting and the LayerNorm rows' setups (torch's on the CPU, normir's and quack's calls)."""
 
 from __future__ import annotations
 
@@ -7,6 +8,7 @@ import sys
 from pathlib import Path
 
 import pytest
+import torch
 
 pytestmark = pytest.mark.cpu
 
@@ -68,8 +70,133 @@ def test_by_round_pairs_each_round():
 
 
 def test_a_provider_offers_every_op_of_its_functions():
-    p = bench.provider("peer", lambda x, w, eps: x, lambda x, r, w, eps: (x, r))
+    p = bench.provider("peer", lambda x, w, eps: x, lambda x, r, w, eps: (x, r), lambda x, w, b, eps: x,
+                       lambda x, r, w, b, eps: (x, r))
     assert set(p.ops) == set(bench.OPS) and p.is_peer
+    rms = bench.provider("peer", lambda x, w, eps: x, lambda x, r, w, eps: (x, r))
+    assert set(rms.ops) == {"fwd", "bwd", "fwdbwd", "add_fwd", "add_bwd"}
+    ln = bench.provider("peer", ln=lambda x, w, b, eps: x)
+    assert set(ln.ops) == {"ln_fwd", "ln_bwd"}  # no fused-add LayerNorm: those rows leave it out
     only = bench.provider("normir-x", add=lambda x, r, w, eps: (x, r), fwd=lambda t: lambda: None)
     assert set(only.ops) == {"fwd", "add_fwd", "add_bwd"} and not only.is_peer
     assert set(bench.BYTES_PER_ELEM) == set(bench.OPS)
+
+
+def test_layernorm_ops_count_their_peers_bytes():
+    b = bench.BYTES_PER_ELEM
+    assert (b["ln_fwd"], b["ln_bwd"]) == (b["fwd"], b["bwd"]) == (2, 3)
+    assert (b["add_ln_fwd"], b["add_ln_bwd"]) == (b["add_fwd"], b["add_bwd"]) == (4, 4)
+    ops = "ln_fwd,ln_bwd,add_ln_fwd,add_ln_bwd"
+    assert bench.parse_args(["--ops", ops]).ops == ops.split(",")
+    assert [bench.op_title(op) for op in ("bwd", "add_fwd", "ln_fwd", "add_ln_bwd")] == [
+        "rmsnorm bwd", "fused add + rmsnorm fwd", "layernorm fwd", "fused add + layernorm bwd"]
+
+
+def _inputs(m=4, n=64, dtype=torch.float32):
+    def rows():
+        return torch.randn(m, n, dtype=dtype)
+
+    return bench.Inputs(x=rows(), residual=rows(), w=torch.randn(n, dtype=dtype), dy=rows(), dh=rows(),
+                        b=torch.randn(n, dtype=dtype))
+
+
+def test_torch_layernorm_setups_compute_layernorm_and_its_gradients():
+    """The peers' LayerNorm setups (torch eager's, on the CPU): the forward is F.layer_norm, the
+    backward autograd's (dx, dw, db), the fused add's (y, h) and (dx, dresidual, dw, db)."""
+    (p,) = bench.load_torch()
+    t = _inputs()
+    n = t.x.shape[-1]
+    ref = torch.nn.functional.layer_norm(t.x, (n,), t.w, t.b, bench.LN_EPS)
+    torch.testing.assert_close(p.ops["ln_fwd"](t)(), ref)
+    x, w, b = (v.clone().requires_grad_(True) for v in (t.x, t.w, t.b))
+    want = torch.autograd.grad(torch.nn.functional.layer_norm(x, (n,), w, b, bench.LN_EPS), [x, w, b], t.dy)
+    got = p.ops["ln_bwd"](t)
+    for _ in range(2):  # the retained graph runs again
+        for g, r in zip(got(), want, strict=True):
+            torch.testing.assert_close(g, r)
+    y, h = p.ops["add_ln_fwd"](t)()
+    torch.testing.assert_close(h, t.x + t.residual)
+    torch.testing.assert_close(y, torch.nn.functional.layer_norm(h, (n,), t.w, t.b, bench.LN_EPS))
+    x, r, w, b = (v.clone().requires_grad_(True) for v in (t.x, t.residual, t.w, t.b))
+    hh = x + r
+    want = torch.autograd.grad([torch.nn.functional.layer_norm(hh, (n,), w, b, bench.LN_EPS), hh], [x, r, w, b],
+                               [t.dy, t.dh])
+    got = p.ops["add_ln_bwd"](t)()
+    assert len(got) == 4
+    for g, r in zip(got, want, strict=True):
+        torch.testing.assert_close(g, r)
+    torch.testing.assert_close(got[0], got[1])  # dx = dresidual
+
+
+def test_quack_layernorm_takes_fp32_weights_and_its_stats_in_order():
+    calls = []
+
+    class Quack:
+        @staticmethod
+        def layernorm_fwd(x, weight, bias=None, eps=1e-6, return_rstd=False, return_mean=False):
+            calls.append(("fwd", x, weight, bias, eps))
+            out = (x,) + (("rstd",) if return_rstd else ()) + (("mean",) if return_mean else ())
+            return out if len(out) > 1 else x
+
+        @staticmethod
+        def layernorm_bwd(x, weight, dout, rstd, mean, has_bias=True):
+            calls.append(("bwd", x, weight, dout, rstd, mean, has_bias))
+
+    t = _inputs(dtype=torch.bfloat16)
+    ops = bench.quack_layernorm(Quack)
+    assert set(ops) == {"ln_fwd", "ln_bwd"}
+    ops["ln_fwd"](t)()
+    (_, x, w, b, eps), = calls
+    assert x is t.x and w.dtype == b.dtype == torch.float32 and eps == bench.LN_EPS
+    torch.testing.assert_close(w, t.w.float())
+    torch.testing.assert_close(b, t.b.float())
+    calls.clear()
+    timed = ops["ln_bwd"](t)
+    assert [c[0] for c in calls] == ["fwd"]  # the forward runs outside the timed call
+    timed()
+    _, x, w, dy, rstd, mean, has_bias = calls[-1]
+    assert (x, dy, rstd, mean, has_bias) == (t.x, t.dy, "rstd", "mean", True) and w.dtype == torch.float32
+    assert bench.quack_layernorm(object()) == {}  # a quack without LayerNorm offers no LayerNorm rows
+
+
+def test_normir_layernorm_setups_call_the_backward_directly(monkeypatch):
+    """normir's LayerNorm rows: the forward without stats; the backward one layernorm_bwd /
+    fused_add_layernorm_bwd call on the mean and rstd of a forward done outside."""
+    calls = []
+
+    class Normir:
+        @staticmethod
+        def layernorm_fwd(x, weight, bias, eps=1e-5, *, store_stats=False):
+            calls.append(("layernorm_fwd", x, weight, bias, eps, store_stats))
+            return "y", "mean", "rstd"
+
+        @staticmethod
+        def layernorm_bwd(x, weight, dy, mean, rstd, *, has_bias=False, atomic=False):
+            calls.append(("layernorm_bwd", x, weight, dy, mean, rstd, has_bias, atomic))
+
+        @staticmethod
+        def fused_add_layernorm_fwd(x, residual, weight, bias, eps=1e-5, *, store_stats=False):
+            calls.append(("fused_add_layernorm_fwd", x, residual, weight, bias, eps, store_stats))
+            return "y", "h", "mean", "rstd"
+
+        @staticmethod
+        def fused_add_layernorm_bwd(dy, residual_out, weight, mean, rstd, d_residual_out=None, *, has_bias=False,
+                                    atomic=False):
+            calls.append(("fused_add_layernorm_bwd", dy, residual_out, weight, mean, rstd, d_residual_out, has_bias,
+                          atomic))
+
+    monkeypatch.setitem(sys.modules, "normir", Normir)
+    t, eps = _inputs(), bench.LN_EPS
+    bench.normir_ln_fwd(t)()
+    assert calls.pop() == ("layernorm_fwd", t.x, t.w, t.b, eps, False)
+    for atomic in (False, True):
+        timed = bench.normir_ln_bwd(atomic)(t)
+        assert calls.pop() == ("layernorm_fwd", t.x, t.w, t.b, eps, True)
+        timed()
+        assert calls.pop() == ("layernorm_bwd", t.x, t.w, t.dy, "mean", "rstd", True, atomic)
+        timed = bench.normir_add_ln_bwd(atomic)(t)
+        assert calls.pop() == ("fused_add_layernorm_fwd", t.x, t.residual, t.w, t.b, eps, True)
+        timed()
+        assert calls.pop() == ("fused_add_layernorm_bwd", t.dy, "h", t.w, "mean", "rstd", t.dh, True, atomic)
+    bench.normir_add_ln_fwd(t)()
+    assert calls.pop() == ("fused_add_layernorm_fwd", t.x, t.residual, t.w, t.b, eps, False)

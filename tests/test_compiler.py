@@ -140,8 +140,9 @@ def test_errors_name_the_piece_line():
     # a placeholder was filled maps back to the placeholder.
     src = _source()
     piece = MLIR_DIR / "common" / "butterfly.mlir"
-    needle = "%sum = arith.addf %acc, %other : f32"
-    bad = template.Source(src.text.replace(needle, "%sum = arith.addf %acc, %other : f16", 1), src.origins)
+    needle = "%s, %ok = gpu.shuffle xor %e, %offset, %width : f32"
+    bad = template.Source(src.text.replace(needle, "%s, %ok = gpu.shuffle xor %e, %offset, %width : f16", 1),
+                          src.origins)
     with pytest.raises(compiler.CompileError) as e:
         compiler.compile_text(bad, "sm_90", "isa")
     assert re.search(rf"error: \S*common/butterfly\.mlir:{_line_of(piece, needle)}:\d+: ", str(e.value)), str(e.value)

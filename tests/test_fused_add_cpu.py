@@ -120,9 +120,11 @@ def test_module_forward(fake):
 
 
 def test_features_only_where_a_kernel_takes_them():
-    with pytest.raises(ValueError, match=r"rmsnorm_fwd takes no residual \(kernels that do: fused_add_rmsnorm_fwd\)"):
+    with pytest.raises(ValueError, match=r"rmsnorm_fwd takes no residual \(kernels that do: "
+                                         r"fused_add_rmsnorm_fwd, layernorm_fwd\)"):
         Options(kernel="rmsnorm_fwd", n=1024, rdtype="f32")
-    with pytest.raises(ValueError, match=r"rmsnorm_bwd takes no dres out \(kernels that do: fused_add_rmsnorm_bwd\)"):
+    with pytest.raises(ValueError, match=r"rmsnorm_bwd takes no dres out \(kernels that do: "
+                                         r"fused_add_rmsnorm_bwd, layernorm_bwd\)"):
         Options(kernel="rmsnorm_bwd", n=1024, has_dres_out=True)
     with pytest.raises(ValueError, match=r"fused_add_rmsnorm_fwd takes no xdtype"):
         Options(kernel="fused_add_rmsnorm_fwd", n=1024, xdtype="f32")
@@ -132,6 +134,8 @@ def test_features_only_where_a_kernel_takes_them():
         Options(kernel="fused_add_rmsnorm_fwd", n=1024, sdtype="f32")
     with pytest.raises(ValueError, match=r"bdtype='f64': choose one of"):
         Options(kernel="fused_add_rmsnorm_fwd", n=1024, bdtype="f64")
+    with pytest.raises(ValueError, match=r"layernorm_fwd takes no weight offset"):
+        Options(kernel="layernorm_fwd", n=1024, weight_offset=1.0)
 
 
 def test_features_have_one_spelling():

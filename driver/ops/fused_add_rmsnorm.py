@@ -68,9 +68,11 @@ def _fwd_checks(x, residual, weight, bias, eps, residual_dtype, out_dtype, weigh
 
 def _fwd(x: torch.Tensor, residual: torch.Tensor | None, weight: torch.Tensor | None, bias: torch.Tensor | None,
          eps: float, residual_dtype: torch.dtype | None, out_dtype: torch.dtype | None, weight_offset: float,
-         store_rstd: bool, store_residual: bool) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None]:
-    """The forward on real tensors: (y, residual_out, rstd); residual_out only with a residual
-    and store_residual, rstd only with store_rstd."""
+         store_rstd: bool, store_residual: bool, kernel: str = FWD
+         ) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None, torch.Tensor | None]:
+    """The forward on real tensors (kernel: this op's or LayerNorm's): (y, residual_out, rstd,
+    mean); residual_out only with a residual and store_residual, rstd (and, for an op with a
+    mean, mean) only with store_rstd."""
     eps, n, w, b, offset = _fwd_checks(x, residual, weight, bias, eps, residual_dtype, out_dtype, weight_offset)
     x2, xs = rows_of(x)
     r2, rs = rows_of(residual) if residual is not None else (None, 0)
@@ -80,6 +82,8 @@ def _fwd(x: torch.Tensor, residual: torch.Tensor | None, weight: torch.Tensor | 
     store_residual = store_residual and residual is not None
     res_out = torch.empty(x.shape, dtype=h_dtype, device=x.device) if store_residual else None
     rstd = torch.empty(x.shape[:-1], dtype=torch.float32, device=x.device) if store_rstd else None
+    has_mean = L.KERNELS[kernel].stats.has_mean
+    mean = torch.empty(x.shape[:-1], dtype=torch.float32, device=x.device) if store_rstd and has_mean else None
     if m:
         dev = x.get_device()
         rows = (x2, r2, y, res_out)
@@ -89,19 +93,21 @@ def _fwd(x: torch.Tensor, residual: torch.Tensor | None, weight: torch.Tensor | 
                  ("sdtype", L.TORCH_DTYPES[h_dtype] if residual is not None else ""),
                  ("odtype", L.TORCH_DTYPES[y.dtype]), ("bdtype", L.TORCH_DTYPES[b.dtype] if b is not None else ""),
                  ("store_residual", store_residual), ("weight_offset", offset))
-        p = R.plan(FWD, dev, n, dt, L.TORCH_DTYPES[w.dtype] if w is not None else dt, eps, w is not None, store_rstd,
-                   vec, extra=extra)
+        p = R.plan(kernel, dev, n, dt, L.TORCH_DTYPES[w.dtype] if w is not None else dt, eps, w is not None,
+                   store_rstd, vec, extra=extra)
         with R.on_device(dev):
             p.handle.launch_named(
                 p.grid(m), L.stream(dev), x=x2.data_ptr(), residual=r2.data_ptr() if r2 is not None else 0,
                 w=w.data_ptr() if w is not None else 0, b=b.data_ptr() if b is not None else 0, y=y.data_ptr(),
                 residual_out=res_out.data_ptr() if res_out is not None else 0,
-                rstd=rstd.data_ptr() if rstd is not None else 0, rows=m, x_stride=xs, residual_stride=rs, y_stride=n,
-                residual_out_stride=n)
-    return y, res_out, rstd
+                rstd=rstd.data_ptr() if rstd is not None else 0,
+                **({"mean": mean.data_ptr() if mean is not None else 0} if has_mean else {}),
+                rows=m, x_stride=xs, residual_stride=rs, y_stride=n, residual_out_stride=n)
+    return y, res_out, rstd, mean
 
 
-def _bwd_checks(dy, residual_out, weight, rstd, d_residual_out, bias_dtype, weight_offset, dx_dtype, dres_dtype):
+def _bwd_checks(dy, residual_out, weight, rstd, d_residual_out, bias_dtype, weight_offset, dx_dtype, dres_dtype,
+                made_by: str = "fused_add_rmsnorm_fwd(..., store_rstd=True)"):
     check_input(residual_out, "residual_out")
     n = residual_out.shape[-1]
     check_input(dy, "dy")
@@ -111,7 +117,7 @@ def _bwd_checks(dy, residual_out, weight, rstd, d_residual_out, bias_dtype, weig
     if d_residual_out is not None:
         check_like(d_residual_out, residual_out, "d_residual_out", "residual_out")
     w = R.check_weight(weight, residual_out, n)
-    check_stat(rstd, residual_out, "rstd", "fused_add_rmsnorm_fwd(..., store_rstd=True)", "residual_out")
+    check_stat(rstd, residual_out, "rstd", made_by, "residual_out")
     check_dtype(bias_dtype, "bias_dtype")
     check_dtype(dx_dtype, "dx_dtype")
     check_dtype(dres_dtype, "dresidual_dtype")
@@ -120,11 +126,13 @@ def _bwd_checks(dy, residual_out, weight, rstd, d_residual_out, bias_dtype, weig
 
 def _bwd(dy: torch.Tensor, residual_out: torch.Tensor, weight: torch.Tensor | None, rstd: torch.Tensor,
          d_residual_out: torch.Tensor | None, bias_dtype: torch.dtype | None, weight_offset: float,
-         dx_dtype: torch.dtype | None, dres_dtype: torch.dtype | None, atomic: bool = False
+         dx_dtype: torch.dtype | None, dres_dtype: torch.dtype | None, atomic: bool = False,
+         mean: torch.Tensor | None = None, kernel: str = BWD
          ) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None, torch.Tensor | None]:
-    """The backward on real tensors: (dx, dresidual, dw, db). dx is dh in dx_dtype (default
-    residual_out's); dresidual, the same values in dres_dtype, is None unless that type differs;
-    dw None without a weight, db (in bias_dtype) None without a bias."""
+    """The backward on real tensors (kernel: this op's, or LayerNorm's with its mean): (dx,
+    dresidual, dw, db). dx is dh in dx_dtype (default residual_out's); dresidual, the same values
+    in dres_dtype, is None unless that type differs; dw None without a weight, db (in bias_dtype)
+    None without a bias."""
     n, w, offset = _bwd_checks(dy, residual_out, weight, rstd, d_residual_out, bias_dtype, weight_offset, dx_dtype,
                                dres_dtype)
     has_bias = bias_dtype is not None
@@ -132,6 +140,7 @@ def _bwd(dy: torch.Tensor, residual_out: torch.Tensor, weight: torch.Tensor | No
     dy2, dys = rows_of(dy)
     g2, gs = rows_of(d_residual_out) if d_residual_out is not None else (None, 0)
     rstd = rstd.contiguous()
+    mean = mean.contiguous() if mean is not None else None
     m = h2.numel() // n
     dx_dtype = dx_dtype or residual_out.dtype
     dx = torch.empty(residual_out.shape, dtype=dx_dtype, device=residual_out.device)
@@ -151,8 +160,8 @@ def _bwd(dy: torch.Tensor, residual_out: torch.Tensor, weight: torch.Tensor | No
              ("xdtype", L.TORCH_DTYPES[dx_dtype]), ("bdtype", "f32" if has_bias else ""),  # db's sums in fp32
              ("has_dres_out", g2 is not None), ("weight_offset", offset))
     with R.on_device(dev):
-        p = R.plan(BWD, dev, n, dt, L.TORCH_DTYPES[w.dtype] if w is not None else dt, BWD_KEY_EPS, w is not None,
-                   False, vec, atomic, extra)
+        p = R.plan(kernel, dev, n, dt, L.TORCH_DTYPES[w.dtype] if w is not None else dt, BWD_KEY_EPS,
+                   w is not None, False, vec, atomic, extra)
         if atomic and not p.layout.dw_regs:
             raise ValueError(f"atomic=True needs the column sums in registers; N={n} keeps them in memory: use the "
                              "default atomic=False")
@@ -163,7 +172,8 @@ def _bwd(dy: torch.Tensor, residual_out: torch.Tensor, weight: torch.Tensor | No
         db_part = alloc((parts, n), dtype=torch.float32, device=dx.device) if has_bias else None
         p.handle.launch_named(
             p.grid(m), stream, x=h2.data_ptr(), w=w.data_ptr() if w is not None else 0, dy=dy2.data_ptr(),
-            rstd=rstd.data_ptr(), dres_out=g2.data_ptr() if g2 is not None else 0, dx=dx.data_ptr(),
+            rstd=rstd.data_ptr(), **({"mean": mean.data_ptr()} if mean is not None else {}),
+            dres_out=g2.data_ptr() if g2 is not None else 0, dx=dx.data_ptr(),
             dres=dres.data_ptr() if dres is not None else 0,
             dw_part=dw_part.data_ptr() if dw_part is not None else 0,
             db_part=db_part.data_ptr() if db_part is not None else 0, rows=m, x_stride=hs, dy_stride=dys,
@@ -182,8 +192,8 @@ def _fwd_op(x: torch.Tensor, residual: torch.Tensor | None, weight: torch.Tensor
             eps: float, residual_dtype: torch.dtype | None, out_dtype: torch.dtype | None, weight_offset: float,
             store_rstd: bool, store_residual: bool) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """(y, residual_out, rstd); residual_out and rstd have shape (0,) where not stored."""
-    y, res_out, rstd = _fwd(x, residual, weight, bias, eps, residual_dtype, out_dtype, weight_offset, store_rstd,
-                            store_residual)
+    y, res_out, rstd, _ = _fwd(x, residual, weight, bias, eps, residual_dtype, out_dtype, weight_offset, store_rstd,
+                               store_residual)
     return y, (res_out if res_out is not None else x.new_empty((0,))), \
         (rstd if rstd is not None else R.stat_out(x, False))
 
@@ -204,16 +214,19 @@ def _bwd_op(dy: torch.Tensor, residual_out: torch.Tensor, weight: torch.Tensor |
             ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     """(dx, dresidual, dw, db); dresidual has shape (0,) unless its dtype differs from dx's (then
     dx is both gradients), dw and db (0,) without a weight or bias."""
-    dx, dres, dw, db = _bwd(dy, residual_out, weight, rstd, d_residual_out, bias_dtype, weight_offset, dx_dtype,
-                            dres_dtype)
+    return bwd_outputs(*_bwd(dy, residual_out, weight, rstd, d_residual_out, bias_dtype, weight_offset, dx_dtype,
+                             dres_dtype))
+
+
+def bwd_outputs(dx, dres, dw, db):
+    """A backward custom op's outputs: the absent ones as (0,)-shaped tensors (fresh, unaliased)."""
     empty = dx.new_empty((0,))
     return dx, (dres if dres is not None else empty), (dw if dw is not None else empty), \
         (db if db is not None else empty.clone())
 
 
-@_bwd_op.register_fake
-def _(dy, residual_out, weight, rstd, d_residual_out, bias_dtype, weight_offset, dx_dtype, dres_dtype):
-    n = _bwd_checks(dy, residual_out, weight, rstd, d_residual_out, bias_dtype, weight_offset, dx_dtype, dres_dtype)[0]
+def fake_bwd_outputs(residual_out, weight, n, bias_dtype, dx_dtype, dres_dtype):
+    """A backward custom op's fake outputs (dx, dresidual, dw, db), shaped as bwd_outputs makes them."""
     dx_dtype = dx_dtype or residual_out.dtype
     dx = residual_out.new_empty(residual_out.shape, dtype=dx_dtype)
     two = dres_dtype is not None and dres_dtype != dx_dtype
@@ -221,6 +234,12 @@ def _(dy, residual_out, weight, rstd, d_residual_out, bias_dtype, weight_offset,
     dw = weight.new_empty((n,)) if weight is not None else dx.new_empty((0,))
     db = residual_out.new_empty((n,) if bias_dtype is not None else (0,), dtype=bias_dtype or dx_dtype)
     return dx, dres, dw, db
+
+
+@_bwd_op.register_fake
+def _(dy, residual_out, weight, rstd, d_residual_out, bias_dtype, weight_offset, dx_dtype, dres_dtype):
+    n = _bwd_checks(dy, residual_out, weight, rstd, d_residual_out, bias_dtype, weight_offset, dx_dtype, dres_dtype)[0]
+    return fake_bwd_outputs(residual_out, weight, n, bias_dtype, dx_dtype, dres_dtype)
 
 
 def _fwd_setup(ctx, inputs, output):
@@ -257,37 +276,39 @@ _fwd_op.register_autograd(_fwd_backward, setup_context=_fwd_setup)
 # ---------------------------------------------------------------------------- autograd (eager)
 
 
-class FusedAddRMSNormFunction(torch.autograd.Function):
-    """The eager autograd path (the custom op's registered autograd is the traced one). Returns
-    (y, residual_out); residual_out is None without a residual, or when neither kept (keep) nor
+class FusedNormFunction(torch.autograd.Function):
+    """The eager autograd path of the fused norms (the custom ops' registered autograd is the
+    traced one); kernels: the (forward, backward) pair, this module's or LayerNorm's. Returns (y,
+    residual_out); residual_out is None without a residual, or when neither kept (keep) nor
     needed for a gradient."""
 
     @staticmethod
-    def forward(ctx, x, residual, weight, bias, eps, residual_dtype, out_dtype, weight_offset, keep):
-        need_grad = any(ctx.needs_input_grad[:4])
+    def forward(ctx, kernels, x, residual, weight, bias, eps, residual_dtype, out_dtype, weight_offset, keep):
+        need_grad = any(ctx.needs_input_grad[1:5])
         ctx.set_materialize_grads(False)  # an unused residual_out's gradient stays None: not read
-        y, res_out, rstd = _fwd(x, residual, weight, bias, eps, residual_dtype, out_dtype, weight_offset, need_grad,
-                                need_grad or keep)
+        y, res_out, rstd, mean = _fwd(x, residual, weight, bias, eps, residual_dtype, out_dtype, weight_offset,
+                                      need_grad, need_grad or keep, kernels[0])
+        ctx.kernel = kernels[1]
         ctx.has_residual, ctx.bias_dtype, ctx.weight_offset = residual is not None, bias.dtype if bias is not None \
-        else None, weight_offset
+            else None, weight_offset
         ctx.dtypes = (x.dtype, residual.dtype if residual is not None else None)
         ctx.y_dtype = y.dtype
         if need_grad:
-            ctx.save_for_backward(res_out if residual is not None else x, weight, rstd)
+            ctx.save_for_backward(res_out if residual is not None else x, weight, rstd, mean)
         return y, res_out
 
     @staticmethod
     def backward(ctx, dy, d_res_out):
-        h, weight, rstd = ctx.saved_tensors
+        h, weight, rstd, mean = ctx.saved_tensors
         x_dtype, r_dtype = ctx.dtypes
         if dy is None:  # only residual_out was used
             dy = torch.zeros(h.shape, dtype=ctx.y_dtype, device=h.device)
         dx, dres, dw, db = _bwd(dy, h, weight, rstd, d_res_out if ctx.has_residual else None, ctx.bias_dtype,
-                                ctx.weight_offset, x_dtype, r_dtype)
+                                ctx.weight_offset, x_dtype, r_dtype, mean=mean, kernel=ctx.kernel)
         need = ctx.needs_input_grad
         dres = dres if dres is not None else dx
-        return ((dx if need[0] else None), (dres if ctx.has_residual and need[1] else None),
-                (dw if need[2] else None), (db if need[3] else None), None, None, None, None, None)
+        return (None, (dx if need[1] else None), (dres if ctx.has_residual and need[2] else None),
+                (dw if need[3] else None), (db if need[4] else None), None, None, None, None, None)
 
 
 # ---------------------------------------------------------------------------- public API
@@ -300,8 +321,8 @@ def fused_norm(x, residual, weight, bias, eps, residual_dtype, out_dtype, weight
     if not isinstance(prenorm, bool):
         raise TypeError(f"prenorm must be a bool, got {type(prenorm).__name__}")
     if R.eager(x):
-        y, res_out = FusedAddRMSNormFunction.apply(x, residual, weight, bias, eps, residual_dtype, out_dtype,
-                                                   weight_offset, prenorm)
+        y, res_out = FusedNormFunction.apply((FWD, BWD), x, residual, weight, bias, eps, residual_dtype, out_dtype,
+                                             weight_offset, prenorm)
     else:  # the checks first: the dispatcher's own type errors name no fix
         _fwd_checks(x, residual, weight, bias, eps, residual_dtype, out_dtype, weight_offset)
         grad = torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in (x, residual, weight, bias))
@@ -330,8 +351,8 @@ def fused_add_rmsnorm_fwd(x: torch.Tensor, residual: torch.Tensor | None, weight
     """The forward alone: (y, residual_out, rstd). residual_out is x itself without a residual;
     rstd (fp32, x.shape[:-1]) only with store_rstd, else None."""
     if R.eager(x):
-        y, res_out, rstd = _fwd(x, residual, weight, bias, eps, residual_dtype, out_dtype, weight_offset, store_rstd,
-                                True)
+        y, res_out, rstd, _ = _fwd(x, residual, weight, bias, eps, residual_dtype, out_dtype, weight_offset,
+                                   store_rstd, True)
     else:
         _fwd_checks(x, residual, weight, bias, eps, residual_dtype, out_dtype, weight_offset)
         y, res_out, rstd = torch.ops.normir.fused_add_rmsnorm_fwd(x, residual, weight, bias, eps, residual_dtype,
@@ -395,9 +416,15 @@ def _norm_ref(hd, weight, bias, eps, weight_offset):
 def fused_add_rmsnorm_bwd_ref(h, weight, bias, eps, weight_offset, dy, d_residual_out=None):
     """float64 reference gradients (dh, dw, db) of y = norm(h) * (w + offset) + b and of
     residual_out = h, given dy and d_residual_out, through autograd; dw, db None where absent."""
+    return grads_ref(lambda hd, w, b: _norm_ref(hd, w, b, eps, weight_offset)[0], h, weight, bias, dy, d_residual_out)
+
+
+def grads_ref(norm, h, weight, bias, dy, d_residual_out=None):
+    """float64 gradients (dh, dw, db) of y = norm(h, w, b) and of residual_out = h, given dy and
+    d_residual_out, through autograd; dw, db None where absent."""
     hd = h.detach().double().requires_grad_(True)
     params = [t.detach().double().requires_grad_(True) if t is not None else None for t in (weight, bias)]
-    y, _ = _norm_ref(hd, *params, eps, weight_offset)
+    y = norm(hd, *params)
     out = (y * dy.double()).sum()
     if d_residual_out is not None:
         out = out + (hd * d_residual_out.double()).sum()

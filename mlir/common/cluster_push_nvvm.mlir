@@ -5,8 +5,8 @@
   // CLUSTER x NR x 4 bytes, then writes its block's totals into slots [b][its rank][0..NR) of
   // every block of the cluster, itself included, with st.async, which counts each 4 bytes off that
   // block's mbarrier b when they land (distributed shared memory: mapa + st.async ... complete_tx).
-  // Every thread waits for its own mbarrier's phase, then adds the local slots in rank order, so
-  // every block gets the same bits. The k-th use of buffer b (row %iter = 2k + b) completes
+  // Every thread waits for its own mbarrier's phase, then merges the local slots in rank order
+  // (normir_combine: the op's merge), so every block gets the same bits. The k-th use of buffer b (row %iter = 2k + b) completes
   // phase k of mbarrier b: the wait is on parity k % 2.
   // Why it is safe: a peer writes buffer b of row i+2 only after its own wait for row i+1, which
   // needs this block's push of row i+1, which comes after this block read row i: no slot is
@@ -99,8 +99,6 @@
       attributes {llvm.linkage = #llvm.linkage<internal>} {
     %c2 = arith.constant 2 : index
     %cluster = arith.constant ${CLUSTER} : i32
-    %nr = arith.constant ${NR} : i32
-    %zero = arith.constant dense<0.0> : vector<${NR}xf32>
     %b_idx = arith.remui %iter, %c2 : index
     %use = arith.divui %iter, %c2 : index
     %phase_idx = arith.remui %use, %c2 : index
@@ -112,23 +110,32 @@
         "r,r" %mb, %phase : (i32, i32) -> ()
     %slots = llvm.mlir.addressof @normir_xch_slots : !llvm.ptr<3>
     %first = arith.muli %b, %cluster : i32
+    // The blocks' summaries merged in rank order into zeros (normir_combine: a sum, or Chan's).
+    %zero = arith.constant dense<0.0> : vector<${NR}xf32>
     %total = affine.for %r = 0 to ${CLUSTER} iter_args(%acc = %zero) -> (vector<${NR}xf32>) {
-      %r_i32 = arith.index_cast %r : index to i32
-      %i = arith.addi %first, %r_i32 : i32
-      %i_first = arith.muli %i, %nr : i32
-      %acc_r = affine.for %j = 0 to ${NR} iter_args(%a = %acc) -> (vector<${NR}xf32>) {
-        %j_i32 = arith.index_cast %j : index to i32
-        %i_j = arith.addi %i_first, %j_i32 : i32
-        %p = llvm.getelementptr %slots[0, %i_j] : (!llvm.ptr<3>, i32) -> !llvm.ptr<3>, !llvm.array<${XCH_SLOTS} x f32>
-        %part = llvm.load volatile %p : !llvm.ptr<3> -> f32
-        %e = vector.extract %a[%j] : f32 from vector<${NR}xf32>
-        %sum = arith.addf %e, %part : f32
-        %a2 = vector.insert %sum, %a[%j] : f32 into vector<${NR}xf32>
-        affine.yield %a2 : vector<${NR}xf32>
-      }
-      affine.yield %acc_r : vector<${NR}xf32>
+      %part = func.call @normir_xch_slot_sums(%slots, %first, %r) : (!llvm.ptr<3>, i32, index) -> vector<${NR}xf32>
+      %merged = func.call @normir_combine(%acc, %part) : (vector<${NR}xf32>, vector<${NR}xf32>) -> vector<${NR}xf32>
+      affine.yield %merged : vector<${NR}xf32>
     }
     return %total : vector<${NR}xf32>
+  }
+  // The NR sums rank %r pushed into buffer slots [%first + r][0..NR).
+  func.func private @normir_xch_slot_sums(%slots: !llvm.ptr<3>, %first: i32, %r: index) -> vector<${NR}xf32>
+      attributes {llvm.linkage = #llvm.linkage<internal>} {
+    %nr = arith.constant ${NR} : i32
+    %zero = arith.constant dense<0.0> : vector<${NR}xf32>
+    %r_i32 = arith.index_cast %r : index to i32
+    %i = arith.addi %first, %r_i32 : i32
+    %i_first = arith.muli %i, %nr : i32
+    %sums = affine.for %j = 0 to ${NR} iter_args(%a = %zero) -> (vector<${NR}xf32>) {
+      %j_i32 = arith.index_cast %j : index to i32
+      %i_j = arith.addi %i_first, %j_i32 : i32
+      %p = llvm.getelementptr %slots[0, %i_j] : (!llvm.ptr<3>, i32) -> !llvm.ptr<3>, !llvm.array<${XCH_SLOTS} x f32>
+      %part = llvm.load volatile %p : !llvm.ptr<3> -> f32
+      %a2 = vector.insert %part, %a[%j] : f32 into vector<${NR}xf32>
+      affine.yield %a2 : vector<${NR}xf32>
+    }
+    return %sums : vector<${NR}xf32>
   }
   func.func private @normir_cluster_sum(%v: vector<${NR}xf32>, %tid: index, %iter: index) -> vector<${NR}xf32>
       attributes {llvm.linkage = #llvm.linkage<internal>} {

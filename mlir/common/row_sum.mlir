@@ -1,9 +1,10 @@
   // normir common piece: row_sum (spliced into every row kernel's gpu.module; written once).
-  // Sums each of the ${NR} fp32 values of %v over the ${TPR} consecutive threads that share a row
-  // and returns the totals to each thread (NR: the op's sums per row, 1 for RMSNorm).
+  // Merges the row summaries %v (${NR} fp32 values) of the ${TPR} consecutive threads that share a
+  // row with the op's normir_combine (a sum; LayerNorm's forward: Chan's update of (n, mean, M2))
+  // and returns the row's to each thread (NR: 1 for RMSNorm, 3 and 2 for LayerNorm).
   // TPR <= ${WARP}: butterfly shuffles with offsets < TPR stay inside the row's lane group.
   // TPR >  ${WARP}: the row is ${WPR} whole warps (one row per block); warp totals meet in %red
-  // and each warp adds them up with a second butterfly.
+  // and each warp merges them with a second butterfly (missing warps: zeros, the merge's identity).
   // The trailing barrier (RED_REUSED = ${RED_REUSED}) lets the caller reuse %red for the next
   // row (persistent kernels); a kernel that sums one row per block goes without it.
   func.func private @normir_row_sum(%v: vector<${NR}xf32>, %tid: index,

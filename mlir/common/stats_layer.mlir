@@ -1,0 +1,194 @@
+  // normir math piece: LayerNorm's statistics and their gradient, in fp32 (the op's part of
+  // norm_fwd.mlir and norm_bwd.mlir; the skeletons do the loads, stores, reductions and layouts).
+  //   forward:  mean = mean_j(x),  var = mean_j((x - mean)^2),  rstd = 1 / sqrt(var + eps),
+  //             x_hat = (x - mean) * rstd
+  //   backward: xc = x - mean,  wdy = dy * w,  S1 = sum_j wdy,  S2 = sum_j wdy * xc,
+  //             dx = wdy * rstd - S1 * rstd / N - xc * S2 * rstd^3 / N
+  //                = (wdy - c1 - x_hat * c2) * rstd  with c1 = mean(wdy), c2 = mean(wdy * x_hat),
+  //             dw += dy * rstd * xc (= dy * x_hat),  db += dy (the skeleton's)
+  //
+  // The variance is centered, never E[x^2] - mean^2 (which loses every digit of var when
+  // mean^2 >> var). The skeleton subtracts a shift first (HAS_MEAN: the row's first element, the
+  // same for every thread of a row), so that the statistics see values of the row's spread, not
+  // of its offset. Each lane of a thread's vectors keeps the running mean and M2 of its shifted
+  // elements (Welford's update, normir_fwd_acc); the thread merges its lanes into one (n, mean,
+  // M2), and the block reduction and the cluster exchange merge the threads' and blocks' triples
+  // by Chan et al.'s pairwise update (normir_chan, symmetric in its two arguments, so that every
+  // lane of a butterfly gets the same bits). The forward returns the mean of the shifted row;
+  // the skeleton normalizes the shifted row with it and stores mean + shift.
+  // The forward's row summary is vector<3xf32> (n, mean, M2; NR = 3, merged by
+  // common/combine_chan.mlir), the backward's vector<2xf32> (S1, S2; NR = 2, added). The sizes
+  // are written out, so that both halves of the piece verify in either kernel. Both directions'
+  // accumulators are ${FWD_ACC} (= ${BWD_ACC}: two vectors of V lanes, split by normir_halves).
+  // Functions are internal: LLVM inlines them.
+
+  // Chan's update of (n, mean, M2) triples: n = na + nb, delta = mb - ma,
+  // mean = (na * ma + nb * mb) / n, M2 = M2a + M2b + delta^2 * na * nb / n (n = 0: zeros).
+  func.func private @normir_chan(%a: vector<3xf32>, %b: vector<3xf32>) -> vector<3xf32>
+      attributes {llvm.linkage = #llvm.linkage<internal>} {
+    %one = arith.constant 1.0 : f32
+    %na = vector.extract %a[0] : f32 from vector<3xf32>
+    %nb = vector.extract %b[0] : f32 from vector<3xf32>
+    %n = arith.addf %na, %nb : f32
+    %n1 = arith.maximumf %n, %one : f32
+    %inv_n = arith.divf %one, %n1 fastmath<afn> : f32  // ~1 ulp: the means are of shifted rows, small
+    %ma = vector.extract %a[1] : f32 from vector<3xf32>
+    %mb = vector.extract %b[1] : f32 from vector<3xf32>
+    %wa = arith.mulf %na, %ma : f32
+    %wb = arith.mulf %nb, %mb : f32
+    %wsum = arith.addf %wa, %wb : f32
+    %mean = arith.mulf %wsum, %inv_n : f32
+    %delta = arith.subf %mb, %ma : f32
+    %d2 = arith.mulf %delta, %delta : f32
+    %nab = arith.mulf %na, %nb : f32
+    %frac = arith.mulf %nab, %inv_n : f32
+    %cross = arith.mulf %d2, %frac : f32
+    %qa = vector.extract %a[2] : f32 from vector<3xf32>
+    %qb = vector.extract %b[2] : f32 from vector<3xf32>
+    %qab = arith.addf %qa, %qb : f32
+    %q = arith.addf %qab, %cross : f32
+    %r = vector.from_elements %n, %mean, %q : vector<3xf32>
+    return %r : vector<3xf32>
+  }
+
+  // Forward pass 1, Welford's update per lane: the thread's chunk k (its k + 1-th, as only a
+  // thread's last chunk can be past the row end) moves each lane's mean by delta / (k + 1) and
+  // adds delta * (x - new mean) to its M2 (the accumulator ${FWD_ACC}: V means, then V M2s).
+  // k is a constant once the chunk loop is unrolled: no division is left.
+  func.func private @normir_fwd_acc(%acc: ${FWD_ACC}, %x: vector<${V}xf32>, %live: i1, %k: index) -> ${FWD_ACC}
+      attributes {llvm.linkage = #llvm.linkage<internal>} {
+    %one = arith.constant 1.0 : f32
+    %one_i = arith.constant 1 : index
+    %k1 = arith.addi %k, %one_i : index
+    %k1_i = arith.index_cast %k1 : index to i32
+    %k1_f = arith.sitofp %k1_i : i32 to f32
+    %inv = arith.divf %one, %k1_f : f32
+    %inv_v = vector.broadcast %inv : f32 to vector<${V}xf32>
+    %mean, %m2 = func.call @normir_halves(%acc) : (${FWD_ACC}) -> (vector<${V}xf32>, vector<${V}xf32>)
+    %delta = arith.subf %x, %mean : vector<${V}xf32>
+    %mean_n = vector.fma %delta, %inv_v, %mean : vector<${V}xf32>
+    %d2 = arith.subf %x, %mean_n : vector<${V}xf32>
+    %m2_n = vector.fma %delta, %d2, %m2 : vector<${V}xf32>
+    %next = vector.shuffle %mean_n, %m2_n [${LANES_2V}] : vector<${V}xf32>, vector<${V}xf32>
+    %out = arith.select %live, %next, %acc : ${FWD_ACC}
+    return %out : ${FWD_ACC}
+  }
+  // The thread's (n, mean, M2): its V lanes, each over the `owned` chunks the thread has, merged
+  // in order (lane j into lanes 0..j-1 of equal counts: constant weights, no division).
+  func.func private @normir_fwd_sums(%acc: ${FWD_ACC}, %owned: index) -> vector<3xf32>
+      attributes {llvm.linkage = #llvm.linkage<internal>} {
+    %one = arith.constant 1.0 : f32
+    %owned_i = arith.index_cast %owned : index to i32
+    %c = arith.sitofp %owned_i : i32 to f32
+    %mean, %m2 = func.call @normir_halves(%acc) : (${FWD_ACC}) -> (vector<${V}xf32>, vector<${V}xf32>)
+    %m0 = vector.extract %mean[0] : f32 from vector<${V}xf32>
+    %q0 = vector.extract %m2[0] : f32 from vector<${V}xf32>
+    %m, %q = affine.for %j = 1 to ${V} iter_args(%ma = %m0, %qa = %q0) -> (f32, f32) {
+      %j_i = arith.index_cast %j : index to i32
+      %j_f = arith.sitofp %j_i : i32 to f32
+      %j1_f = arith.addf %j_f, %one : f32
+      %inv = arith.divf %one, %j1_f : f32  // lane j's weight, 1 / (j + 1)
+      %mb = vector.extract %mean[%j] : f32 from vector<${V}xf32>
+      %qb = vector.extract %m2[%j] : f32 from vector<${V}xf32>
+      %delta = arith.subf %mb, %ma : f32
+      %step = arith.mulf %delta, %inv : f32
+      %mn = arith.addf %ma, %step : f32
+      // M2 += qb + delta^2 * (j c) c / ((j + 1) c) = qb + delta^2 * c * j / (j + 1)
+      %jw = arith.mulf %j_f, %inv : f32
+      %cw = arith.mulf %c, %jw : f32
+      %d2 = arith.mulf %delta, %delta : f32
+      %qab = arith.addf %qa, %qb : f32
+      %cross = arith.mulf %d2, %cw : f32
+      %qn = arith.addf %qab, %cross : f32
+      affine.yield %mn, %qn : f32, f32
+    }
+    %v_f = arith.constant ${V}.0 : f32
+    %n = arith.mulf %c, %v_f : f32
+    %r = vector.from_elements %n, %m, %q : vector<3xf32>
+    return %r : vector<3xf32>
+  }
+  // The row's rstd and its shifted mean from its triple (n = N once merged).
+  func.func private @normir_fwd_stats(%sums: vector<3xf32>) -> (f32, f32)
+      attributes {llvm.linkage = #llvm.linkage<internal>} {
+    %eps = arith.constant ${EPS} : f32
+    %inv_n = arith.constant ${INV_N} : f32
+    %mean = vector.extract %sums[1] : f32 from vector<3xf32>
+    %m2 = vector.extract %sums[2] : f32 from vector<3xf32>
+    %var = arith.mulf %m2, %inv_n : f32
+    %var_eps = arith.addf %var, %eps : f32
+    %rstd = func.call @normir_rsqrt(%var_eps) : (f32) -> f32
+    return %rstd, %mean : f32, f32
+  }
+  // Forward pass 2: x_hat = (x - mean) * rstd (the weight, bias and output cast are the skeleton's).
+  func.func private @normir_fwd_norm(%x: vector<${V}xf32>, %rstd_v: vector<${V}xf32>, %mean_v: vector<${V}xf32>)
+      -> vector<${V}xf32> attributes {llvm.linkage = #llvm.linkage<internal>} {
+    %xc = arith.subf %x, %mean_v : vector<${V}xf32>
+    %xn = arith.mulf %xc, %rstd_v : vector<${V}xf32>
+    return %xn : vector<${V}xf32>
+  }
+
+  // Backward pass 1: lane-wise S1 += wdy and S2 += wdy * xc, the two halves of the accumulator
+  // (${BWD_ACC}: S1's V lanes, then S2's; LANES_* are the shuffles' lane lists).
+  func.func private @normir_bwd_acc(%acc: ${BWD_ACC}, %x: vector<${V}xf32>, %dy: vector<${V}xf32>,
+      %w: vector<${V}xf32>, %mean_v: vector<${V}xf32>) -> ${BWD_ACC} attributes {llvm.linkage = #llvm.linkage<internal>} {
+    %wdy = arith.mulf %dy, %w : vector<${V}xf32>
+    %xc = arith.subf %x, %mean_v : vector<${V}xf32>
+    %s1, %s2 = func.call @normir_halves(%acc) : (${BWD_ACC}) -> (vector<${V}xf32>, vector<${V}xf32>)
+    %s1n = arith.addf %s1, %wdy : vector<${V}xf32>
+    %s2n = vector.fma %wdy, %xc, %s2 : vector<${V}xf32>
+    %next = vector.shuffle %s1n, %s2n [${LANES_2V}] : vector<${V}xf32>, vector<${V}xf32>
+    return %next : ${BWD_ACC}
+  }
+  func.func private @normir_halves(%acc: ${BWD_ACC}) -> (vector<${V}xf32>, vector<${V}xf32>)
+      attributes {llvm.linkage = #llvm.linkage<internal>} {
+    %s1 = vector.shuffle %acc, %acc [${LANES_LO}] : ${BWD_ACC}, ${BWD_ACC}
+    %s2 = vector.shuffle %acc, %acc [${LANES_HI}] : ${BWD_ACC}, ${BWD_ACC}
+    return %s1, %s2 : vector<${V}xf32>, vector<${V}xf32>
+  }
+  func.func private @normir_bwd_sums(%acc: ${BWD_ACC}) -> vector<2xf32>
+      attributes {llvm.linkage = #llvm.linkage<internal>} {
+    %s1, %s2 = func.call @normir_halves(%acc) : (${BWD_ACC}) -> (vector<${V}xf32>, vector<${V}xf32>)
+    %t1 = vector.reduction <add>, %s1 : vector<${V}xf32> into f32
+    %t2 = vector.reduction <add>, %s2 : vector<${V}xf32> into f32
+    %sums = vector.from_elements %t1, %t2 : vector<2xf32>
+    return %sums : vector<2xf32>
+  }
+  // The row's coefficients for pass 2: a = S1 * rstd / N and b = S2 * rstd^3 / N.
+  func.func private @normir_bwd_coefs(%sums: vector<2xf32>, %rstd: f32) -> vector<2xf32>
+      attributes {llvm.linkage = #llvm.linkage<internal>} {
+    %inv_n = arith.constant ${INV_N} : f32
+    %t1 = vector.extract %sums[0] : f32 from vector<2xf32>
+    %t2 = vector.extract %sums[1] : f32 from vector<2xf32>
+    %c1 = arith.mulf %t1, %inv_n : f32
+    %a = arith.mulf %c1, %rstd : f32
+    %c2 = arith.mulf %t2, %inv_n : f32
+    %r2 = arith.mulf %rstd, %rstd : f32
+    %r3 = arith.mulf %r2, %rstd : f32
+    %b = arith.mulf %c2, %r3 : f32
+    %coefs = vector.from_elements %a, %b : vector<2xf32>
+    return %coefs : vector<2xf32>
+  }
+  // Backward pass 2: dx = p * w - a - xc * b with p = dy * rstd, and p, the factor of xc in the
+  // weight's gradient (dw += p * xc).
+  func.func private @normir_bwd_dx(%x: vector<${V}xf32>, %dy: vector<${V}xf32>, %w: vector<${V}xf32>,
+      %rstd_v: vector<${V}xf32>, %mean_v: vector<${V}xf32>, %coefs: vector<2xf32>)
+      -> (vector<${V}xf32>, vector<${V}xf32>) attributes {llvm.linkage = #llvm.linkage<internal>} {
+    %a = vector.extract %coefs[0] : f32 from vector<2xf32>
+    %b = vector.extract %coefs[1] : f32 from vector<2xf32>
+    %neg_a = arith.negf %a : f32
+    %neg_b = arith.negf %b : f32
+    %neg_a_v = vector.broadcast %neg_a : f32 to vector<${V}xf32>
+    %neg_b_v = vector.broadcast %neg_b : f32 to vector<${V}xf32>
+    %xc = arith.subf %x, %mean_v : vector<${V}xf32>
+    %p = arith.mulf %dy, %rstd_v : vector<${V}xf32>
+    %t = vector.fma %xc, %neg_b_v, %neg_a_v : vector<${V}xf32>
+    %dx = vector.fma %p, %w, %t : vector<${V}xf32>
+    return %dx, %p : vector<${V}xf32>, vector<${V}xf32>
+  }
+  // The weight's gradient: acc + p * xc.
+  func.func private @normir_bwd_dw(%acc: vector<${V}xf32>, %x: vector<${V}xf32>, %g: vector<${V}xf32>,
+      %mean_v: vector<${V}xf32>) -> vector<${V}xf32> attributes {llvm.linkage = #llvm.linkage<internal>} {
+    %xc = arith.subf %x, %mean_v : vector<${V}xf32>
+    %next = vector.fma %g, %xc, %acc : vector<${V}xf32>
+    return %next : vector<${V}xf32>
+  }

@@ -1,0 +1,113 @@
+"""LayerNorm without a GPU: the custom ops' schemas and fake implementations, the argument checks,
+the modules against torch.nn.LayerNorm's construction and state_dict, the kernels' options and
+the flags the LayerNorm kernels are specialized with."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import normir
+from normir.options import Options
+from normir.specialize import values_for
+
+pytestmark = pytest.mark.cpu
+
+BF16, F16, F32 = torch.bfloat16, torch.float16, torch.float32
+
+
+def test_schemas():
+    normir.layernorm  # noqa: B018  (binds the API, registering the ops)
+    assert str(torch.ops.normir.layernorm_fwd.default._schema) == (
+        "normir::layernorm_fwd(Tensor x, Tensor? residual, Tensor? weight, Tensor? bias, float eps, "
+        "ScalarType? residual_dtype, ScalarType? out_dtype, bool store_stats, bool store_residual) "
+        "-> (Tensor, Tensor, Tensor, Tensor)")
+    assert str(torch.ops.normir.layernorm_bwd.default._schema) == (
+        "normir::layernorm_bwd(Tensor dy, Tensor residual_out, Tensor? weight, Tensor mean, Tensor rstd, "
+        "Tensor? d_residual_out, ScalarType? bias_dtype, ScalarType? dx_dtype, ScalarType? dres_dtype) "
+        "-> (Tensor, Tensor, Tensor, Tensor)")
+
+
+def test_fake_forward(fake):
+    x, r, w, b = fake((3, 5, 1024)), fake((3, 5, 1024), F32), fake((1024,), F32), fake((1024,))
+    y, h, mean, rstd = torch.ops.normir.layernorm_fwd(x, r, w, b, 1e-5, None, F16, True, True)
+    assert (y.dtype, h.dtype, h.shape, mean.shape, rstd.dtype) == (F16, F32, x.shape, (3, 5), F32)
+    y, mean, rstd = normir.layernorm_fwd(x, w, b)
+    assert y.dtype == BF16 and mean is None and rstd is None
+    y, mean, rstd = normir.layernorm_fwd(x, None, None, store_stats=True)
+    assert mean.shape == rstd.shape == (3, 5)
+    y, h = normir.layernorm(x, w, b, residual=r, prenorm=True)
+    assert (y.dtype, h.dtype) == (BF16, F32)
+    y, h, mean, rstd = normir.fused_add_layernorm_fwd(x, None, w, None)
+    assert h is x
+
+
+def test_fake_backward(fake):
+    h, w, stat = fake((7, 1024), F32), fake((1024,), BF16), fake((7,), F32)
+    dy = fake((7, 1024), BF16)
+    dx, dres, dw, db = torch.ops.normir.layernorm_bwd(dy, h, w, stat, stat, None, F32, BF16, F32)
+    assert (dx.dtype, dres.dtype, dw.dtype, db.dtype) == (BF16, F32, BF16, F32)
+    dx, dw, db = normir.layernorm_bwd(h, w, fake((7, 1024), F32), stat, stat, has_bias=True)
+    assert (dx.dtype, dw.dtype, db.dtype) == (F32, BF16, BF16)
+    (dx, dres), dw, db = normir.fused_add_layernorm_bwd(dy, h, None, stat, stat, dx_dtype=BF16,
+                                                        dresidual_dtype=F32)
+    assert (dx.dtype, dres.dtype, dw, db) == (BF16, F32, None, None)
+
+
+def test_fake_checks(fake):
+    x, stat = fake((4, 256)), fake((4,), F32)
+    with pytest.raises(ValueError, match=r"mean must be the float32 tensor of shape residual_out\.shape\[:-1\]"):
+        normir.layernorm_bwd(x, None, x, fake((5,), F32), stat)
+    with pytest.raises(ValueError, match=r"rstd must be the float32 tensor .* that layernorm_fwd\(\.\.\., "
+                                         r"store_stats=True\) returned"):
+        normir.layernorm_bwd(x, None, x, stat, fake((4,), BF16))
+    with pytest.raises(ValueError, match=r"bias has shape \(3,\); it must be \(256,\)"):
+        normir.layernorm(x, None, fake((3,)))
+    with pytest.raises(TypeError, match=r"prenorm must be a bool, got int"):
+        normir.layernorm(x, prenorm=1)
+    with pytest.raises(ValueError, match=r"eps=-1\.0 must be a finite float"):
+        normir.layernorm(x, eps=-1.0)
+
+
+def test_module_matches_torch_construction():
+    for kw in ({}, {"bias": False}, {"elementwise_affine": False}):
+        ours, theirs = normir.LayerNorm(16, **kw), torch.nn.LayerNorm(16, **kw)
+        assert list(ours.state_dict()) == list(theirs.state_dict())
+        assert [n for n, _ in ours.named_parameters()] == [n for n, _ in theirs.named_parameters()]
+        ours.load_state_dict(theirs.state_dict())
+    m = normir.LayerNorm((32,), eps=1e-6, dtype=BF16)
+    assert m.normalized_shape == (32,) and m.eps == 1e-6 and m.weight.dtype == BF16
+    assert torch.equal(m.weight, torch.ones(32, dtype=BF16)) and torch.equal(m.bias, torch.zeros(32, dtype=BF16))
+    assert normir.LayerNorm(8, device="meta").weight.is_meta  # built where Hugging Face builds models
+    with pytest.raises(ValueError, match=r"normalized_shape=\(4, 8\): normir normalizes the last dimension only"):
+        normir.LayerNorm((4, 8))
+    f = normir.FusedAddLayerNorm(16, residual_dtype=F32)
+    assert f.residual_dtype == F32 and list(f.state_dict()) == ["weight", "bias"]
+
+
+def test_module_forward(fake):
+    m = normir.FusedAddLayerNorm(256, residual_dtype=F32, device="cuda", dtype=BF16)
+    y, h = m(fake((2, 256)), fake((2, 256)))
+    assert (y.dtype, h.dtype) == (BF16, F32)
+    assert normir.LayerNorm(256, device="cuda", dtype=BF16)(fake((2, 256))).shape == (2, 256)
+
+
+def test_options_and_flags():
+    with pytest.raises(ValueError, match=r"layernorm_fwd takes no weight offset"):
+        Options(kernel="layernorm_fwd", n=1024, weight_offset=1.0)
+    fwd = values_for(Options(kernel="layernorm_fwd", n=1024, store_rstd=True))
+    assert (fwd["HAS_MEAN"], fwd["NR"], fwd["FWD_ACC"]) == ("true", "3", "vector<16xf32>")  # 8 means, 8 M2s
+    assert fwd["COMBINE_PIECE"] == "common/combine_chan.mlir" and fwd["STATS_PIECE"] == "common/stats_layer.mlir"
+    bwd = values_for(Options(kernel="layernorm_bwd", n=1024, bdtype="f32"))
+    assert (bwd["NR"], bwd["BWD_ACC"], bwd["COMBINE_PIECE"]) == ("2", "vector<16xf32>", "common/combine_sum.mlir")
+    rms = values_for(Options(kernel="rmsnorm_fwd", n=1024))
+    assert (rms["HAS_MEAN"], rms["NR"], rms["FWD_ACC"]) == ("false", "1", "vector<8xf32>")
+
+
+def test_layout_sees_one_read_without_a_residual():
+    # LayerNorm's one kernel takes the plain forward's layout without a residual and the fused
+    # add's with one (two rows read in pass 1).
+    plain = Options(kernel="layernorm_fwd", n=4096).layout
+    assert (plain.tpr, plain.k) == (Options(kernel="rmsnorm_fwd", n=4096).layout.tpr, 2)
+    fused = Options(kernel="layernorm_fwd", n=4096, rdtype="bf16", store_residual=True).layout
+    assert (fused.tpr, fused.k) == (512, 1)
