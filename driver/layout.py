@@ -182,7 +182,11 @@ def decide(opts: Options, tgt: targets.Target, spec: KernelSpec) -> Layout:
     if lay.prefetch_w and lay.min_blocks > 1 and lay.k * lay.vec * (held_bytes(work, opts) + w_bytes) \
             > tgt.reg_budget_bytes(lay.block * lay.min_blocks):
         lay = replace(lay, prefetch_w=False)  # the weight's registers must fit the cap too
-    return _overlap(opts, lay, persistent)
+    lay = _overlap(opts, lay, persistent)
+    if lay.tpr > lay.nchunk:  # the policy's own layouts; forced ones are refused in _forced
+        raise AssertionError(f"layout policy bug: {spec.name} N={opts.n} has {lay.tpr} threads per row for "
+                             f"{lay.nchunk} chunks; threads without a chunk may hang the block reduction")
+    return lay
 
 
 def _overlap(opts: Options, lay: Layout, persistent: bool) -> Layout:
@@ -449,7 +453,10 @@ def _streamed(lay: Layout, two_reads: bool = False) -> Layout:
         k = 1 if lay.nchunk <= MAX_THREADS else 2 if lay.nchunk <= 2 * MAX_THREADS else 4
     else:
         k = 2 if lay.nchunk <= MAX_THREADS else 4
-    tpr = -(-math.ceil(lay.nchunk / k) // lay.warp) * lay.warp
+    # Whole warps, each thread owning a chunk (at most nchunk threads): rows of 1 chunk per thread
+    # whose chunk count is not a multiple of the warp (N=2880: 360) round the threads down, and
+    # the first threads take a second, masked-tail chunk (see _forced for why none may own none).
+    tpr = min(-(-math.ceil(lay.nchunk / k) // lay.warp) * lay.warp, lay.nchunk // lay.warp * lay.warp)
     hints = HINT_LAST_READ | HINT_KEEP | HINT_L1_KEEP | (HINT_L1_FIRST if lay.nchunk > MAX_THREADS else 0)
     return replace(lay, tpr=tpr, rows=1, k=-(-lay.nchunk // tpr), kfull=lay.nchunk // tpr, cache_row=False,
                    prefetch_w=False, hints=hints, batch_reload=k == 4 and tpr <= FWD_BATCH_MAX_TPR)

@@ -683,3 +683,24 @@ def test_fwd_streamed_policy():
                      lay(4096, target="gfx950"), lay(4096, tpr=256), lay(4096, hints=0), lay(4096, cache_row=1)):
         assert held_row.cache_row and held_row.hints == 0
     assert lay(65536).cache_row and lay(65536).vec == 4  # 8-byte chunks, held
+
+
+@pytest.mark.parametrize("target", ("sm_90", "gfx950"))
+def test_every_policy_thread_owns_a_chunk(target):
+    # Threads without a chunk let LLVM duplicate the block reduction into a branch of their own
+    # (two barriers; the H200 hung). layout.decide refuses such a policy layout; this sweeps it
+    # over row lengths of every residue (N = 2880: 360 chunks, not a multiple of the warp).
+    ns = sorted({*range(1, 300), *range(300, 20000, 37), 2880, 5120, 7168, 14336, 24576, 49152, 98304, 1048576})
+    features = {"rmsnorm_fwd": [{}], "rmsnorm_bwd": [{}],
+                "fused_add_rmsnorm_fwd": [{}, {"rdtype": "bf16", "store_residual": True}],
+                "fused_add_rmsnorm_bwd": [{"has_dres_out": True}],
+                "layernorm_fwd": [{}, {"rdtype": "f32", "store_residual": True}],
+                "layernorm_bwd": [{"bdtype": "f32"}]}
+    for kernel, cases in features.items():
+        for extra in cases:
+            for dt in ("bf16", "f32"):
+                for n in ns:
+                    for has_weight in (True, False):
+                        lay = Options(kernel=kernel, n=n, dtype=dt, wdtype=dt, target=target, has_weight=has_weight,
+                                      **extra).layout
+                        assert lay.tpr <= lay.nchunk, (kernel, n, dt, extra, lay)
