@@ -195,7 +195,7 @@ def specializations() -> list[dict]:
     for n in BENCH_N:
         plan += [_fwd(n, "bf16", "bf16", store_rstd=False), _fwd(n, "bf16", "bf16")]
         plan += _bwd(n, "bf16", "bf16") + _bwd(n, "bf16", "bf16", atomic=True)
-    plan += fused_specializations() + layer_specializations()
+    plan += fused_specializations() + layer_specializations() + swap_specializations()
     seen, out = set(), []
     for p in plan:
         k = tuple(sorted(p.items()))
@@ -318,4 +318,21 @@ def layer_specializations() -> list[dict]:
         plan += layer_bwd(n, "bf16", b="bf16") + layer_bwd(n, "bf16", b="bf16", atomic=True)
         plan += [layer_fwd(n, "bf16", "bf16", b="bf16", store_rstd=False), layer_fwd(n, "bf16", "bf16", b="bf16")]
         plan += layer_bwd(n, "bf16", "bf16", b="bf16") + layer_bwd(n, "bf16", "bf16", b="bf16", atomic=True)
+    return plan
+
+
+SWAP_N = 256  # test_gpu_swap.py's hidden size
+
+
+def swap_specializations() -> list[dict]:
+    """What test_gpu_swap.py launches: the probes (bf16, no gradient), then the swapped model's
+    forward and backward: Llama's RMSNorm (eps 1e-6), torch.nn.RMSNorm (eps None: bf16's), torch's
+    LayerNorm (a bias, eps 1e-5), Gemma's RMSNorm (weight offset 1)."""
+    n, bf16_eps = SWAP_N, 0.0078125
+    plan: list[dict] = []
+    for store in (False, True):
+        plan += [_fwd(n, "bf16", "bf16", store_rstd=store), _fwd(n, "bf16", "bf16", eps=bf16_eps, store_rstd=store),
+                 layer_fwd(n, "bf16", b="bf16", store_rstd=store),
+                 fused_fwd(n, "bf16", offset=1.0, store_rstd=store)]
+    plan += _bwd(n, "bf16", "bf16") + layer_bwd(n, "bf16", b="bf16") + fused_bwd(n, "bf16", offset=1.0)
     return plan

@@ -310,14 +310,25 @@ def rmsnorm_bwd_ref(x, weight, dy, eps):
 
 
 class RMSNorm(torch.nn.Module):
-    """Drop-in for torch.nn.RMSNorm over the last dimension."""
+    """Drop-in for torch.nn.RMSNorm over the last dimension: eps=None means the input dtype's
+    machine epsilon (torch.finfo(x.dtype).eps), as torch's."""
 
-    def __init__(self, hidden_size: int, eps: float = 1e-6, elementwise_affine: bool = True,
+    def __init__(self, hidden_size: int, eps: float | None = 1e-6, elementwise_affine: bool = True,
                  device=None, dtype=None):
         super().__init__()
-        self.eps = check_eps(eps)
-        self.weight = torch.nn.Parameter(torch.ones(hidden_size, device=device, dtype=dtype)) \
-            if elementwise_affine else None
+        n = hidden_size[0] if isinstance(hidden_size, (tuple, list, torch.Size)) and len(hidden_size) == 1 \
+            else hidden_size
+        if isinstance(n, bool) or not isinstance(n, int) or n < 1:
+            raise ValueError(f"hidden_size={hidden_size!r}: normir normalizes the last dimension only; pass an int "
+                             "or a 1-tuple (the size of the last dimension)")
+        self.normalized_shape = (n,)
+        self.eps = None if eps is None else check_eps(eps)
+        self.elementwise_affine = elementwise_affine
+        self.register_parameter("weight", torch.nn.Parameter(torch.ones(n, device=device, dtype=dtype))
+                                if elementwise_affine else None)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return rmsnorm(x, self.weight, self.eps)
+        return rmsnorm(x, self.weight, self.eps if self.eps is not None else torch.finfo(x.dtype).eps)
+
+    def extra_repr(self) -> str:
+        return f"{self.normalized_shape}, eps={self.eps}, elementwise_affine={self.elementwise_affine}"
