@@ -1,7 +1,7 @@
 """LayerNorm and fused residual-add LayerNorm: custom ops (torch.ops.normir.layernorm_fwd / _bwd,
 with fake implementations and registered autograd), the public functions, float64 references and
-the modules. The launches and the eager autograd Function are the fused-add RMSNorm's
-(fused_add_rmsnorm.py) with LayerNorm's kernels, which are the family's skeletons with the
+the modules. The launches and the eager autograd Function are the fused norms' (_fused.py) with
+LayerNorm's kernels, which are the family's skeletons with the
 LayerNorm statistics piece (mlir/common/stats_layer.mlir).
 
     h = x + residual (fp32; optional), residual_out = h stored in residual_dtype
@@ -16,18 +16,18 @@ from __future__ import annotations
 import torch
 
 from . import _rows as R
-from ._rows import check_eps, check_stat
-from .fused_add_rmsnorm import (
+from ._fused import (
     FusedNormFunction,
-    _bwd,
-    _bwd_checks,
-    _fwd,
-    _fwd_checks,
+    bwd_checks,
     bwd_outputs,
     check_dtype,
     fake_bwd_outputs,
+    fwd_checks,
     grads_ref,
+    launch_bwd,
+    launch_fwd,
 )
+from ._rows import check_eps, check_stat
 
 FWD, BWD = "layernorm_fwd", "layernorm_bwd"
 MADE_BY = "layernorm_fwd(..., store_stats=True)"
@@ -45,7 +45,7 @@ def _fwd_op(x: torch.Tensor, residual: torch.Tensor | None, weight: torch.Tensor
             eps: float, residual_dtype: torch.dtype | None, out_dtype: torch.dtype | None, store_stats: bool,
             store_residual: bool) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     """(y, residual_out, mean, rstd); residual_out, mean and rstd have shape (0,) where not stored."""
-    y, res_out, rstd, mean = _fwd(x, residual, weight, bias, eps, residual_dtype, out_dtype, 0.0, store_stats,
+    y, res_out, rstd, mean = launch_fwd(x, residual, weight, bias, eps, residual_dtype, out_dtype, 0.0, store_stats,
                                   store_residual, FWD)
     return y, (res_out if res_out is not None else x.new_empty((0,))), \
         (mean if mean is not None else R.stat_out(x, False)), (rstd if rstd is not None else R.stat_out(x, False))
@@ -53,7 +53,7 @@ def _fwd_op(x: torch.Tensor, residual: torch.Tensor | None, weight: torch.Tensor
 
 @_fwd_op.register_fake
 def _(x, residual, weight, bias, eps, residual_dtype, out_dtype, store_stats, store_residual):
-    _fwd_checks(x, residual, weight, bias, eps, residual_dtype, out_dtype, 0.0)
+    fwd_checks(x, residual, weight, bias, eps, residual_dtype, out_dtype, 0.0)
     y = x.new_empty(x.shape, dtype=out_dtype or x.dtype)
     stored = store_residual and residual is not None
     res_out = x.new_empty(x.shape if stored else (0,), dtype=(residual_dtype or residual.dtype) if stored else x.dtype)
@@ -68,13 +68,13 @@ def _bwd_op(dy: torch.Tensor, residual_out: torch.Tensor, weight: torch.Tensor |
     """(dx, dresidual, dw, db); dresidual has shape (0,) unless its dtype differs from dx's (then
     dx is both gradients), dw and db (0,) without a weight or bias."""
     _check_mean(mean, residual_out)
-    return bwd_outputs(*_bwd(dy, residual_out, weight, rstd, d_residual_out, bias_dtype, 0.0, dx_dtype, dres_dtype,
+    return bwd_outputs(*launch_bwd(dy, residual_out, weight, rstd, d_residual_out, bias_dtype, 0.0, dx_dtype, dres_dtype,
                              mean=mean, kernel=BWD))
 
 
 @_bwd_op.register_fake
 def _(dy, residual_out, weight, mean, rstd, d_residual_out, bias_dtype, dx_dtype, dres_dtype):
-    n = _bwd_checks(dy, residual_out, weight, rstd, d_residual_out, bias_dtype, 0.0, dx_dtype, dres_dtype, MADE_BY)[0]
+    n = bwd_checks(dy, residual_out, weight, rstd, d_residual_out, bias_dtype, 0.0, dx_dtype, dres_dtype, MADE_BY)[0]
     _check_mean(mean, residual_out)
     return fake_bwd_outputs(residual_out, weight, n, bias_dtype, dx_dtype, dres_dtype)
 
@@ -127,7 +127,7 @@ def layernorm(x: torch.Tensor, weight: torch.Tensor | None = None, bias: torch.T
         y, res_out = FusedNormFunction.apply((FWD, BWD), x, residual, weight, bias, eps, residual_dtype, out_dtype,
                                              0.0, prenorm)
     else:  # the checks first: the dispatcher's own type errors name no fix
-        _fwd_checks(x, residual, weight, bias, eps, residual_dtype, out_dtype, 0.0)
+        fwd_checks(x, residual, weight, bias, eps, residual_dtype, out_dtype, 0.0)
         grad = torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in (x, residual, weight, bias))
         y, res_out, _, _ = torch.ops.normir.layernorm_fwd(x, residual, weight, bias, eps, residual_dtype, out_dtype,
                                                           grad, grad or prenorm)
@@ -154,10 +154,10 @@ def fused_add_layernorm_fwd(x: torch.Tensor, residual: torch.Tensor | None, weig
     """The forward alone: (y, residual_out, mean, rstd). residual_out is x itself without a
     residual; mean and rstd (fp32, x.shape[:-1]) only with store_stats, else None."""
     if R.eager(x):
-        y, res_out, rstd, mean = _fwd(x, residual, weight, bias, eps, residual_dtype, out_dtype, 0.0, store_stats,
+        y, res_out, rstd, mean = launch_fwd(x, residual, weight, bias, eps, residual_dtype, out_dtype, 0.0, store_stats,
                                       True, FWD)
     else:
-        _fwd_checks(x, residual, weight, bias, eps, residual_dtype, out_dtype, 0.0)
+        fwd_checks(x, residual, weight, bias, eps, residual_dtype, out_dtype, 0.0)
         y, res_out, mean, rstd = torch.ops.normir.layernorm_fwd(x, residual, weight, bias, eps, residual_dtype,
                                                                 out_dtype, store_stats, True)
     stats = (mean, rstd) if store_stats else (None, None)
@@ -179,10 +179,10 @@ def fused_add_layernorm_bwd(dy: torch.Tensor, residual_out: torch.Tensor, weight
     check_dtype(db_dtype, "db_dtype")
     bias_dtype = (db_dtype or (weight.dtype if isinstance(weight, torch.Tensor) else None) or dx_dtype
                   or residual_out.dtype) if has_bias else None
-    _bwd_checks(dy, residual_out, weight, rstd, d_residual_out, bias_dtype, 0.0, dx_dtype, dresidual_dtype, MADE_BY)
+    bwd_checks(dy, residual_out, weight, rstd, d_residual_out, bias_dtype, 0.0, dx_dtype, dresidual_dtype, MADE_BY)
     _check_mean(mean, residual_out)
     if R.eager(dy):
-        dx, dres, dw, db = _bwd(dy, residual_out, weight, rstd, d_residual_out, bias_dtype, 0.0, dx_dtype,
+        dx, dres, dw, db = launch_bwd(dy, residual_out, weight, rstd, d_residual_out, bias_dtype, 0.0, dx_dtype,
                                 dresidual_dtype, atomic, mean=mean, kernel=BWD)
     else:
         dx, dres, dw, db = torch.ops.normir.layernorm_bwd(dy, residual_out, weight, mean, rstd, d_residual_out,
