@@ -28,11 +28,10 @@ class LlamaRMSNorm(torch.nn.Module):  # Hugging Face's, as transformers writes i
         return self.weight * hidden_states.to(input_dtype)
 
 
-class GemmaRMSNorm(torch.nn.Module):  # Gemma's: (1 + weight), the result in x's dtype
+class GemmaRMSNorm(torch.nn.Module):  # Gemma's: `eps`, (1 + weight), the result in x's dtype
     def __init__(self, dim, eps=1e-6, device=None, dtype=None):
         super().__init__()
         self.eps = eps
-        self.variance_epsilon = eps
         self.weight = torch.nn.Parameter(torch.zeros(dim, device=device, dtype=dtype))
 
     def forward(self, x):
@@ -113,3 +112,20 @@ def test_eps_none_is_the_dtype_eps(monkeypatch, fake):
     normir.RMSNorm(8, eps=None, device="cuda", dtype=torch.bfloat16)(fake((2, 8)))
     normir.RMSNorm(8, eps=None, device="cuda")(fake((2, 8), torch.float32))
     assert seen == [torch.finfo(torch.bfloat16).eps, torch.finfo(torch.float32).eps]
+
+
+def test_a_hugging_face_llama():
+    # transformers' own LlamaForCausalLM (built from a small config, random weights): every
+    # LlamaRMSNorm swapped, the same Parameters; run where transformers is installed.
+    transformers = pytest.importorskip("transformers")
+    cfg = transformers.LlamaConfig(vocab_size=128, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                                   num_attention_heads=4, num_key_value_heads=2)
+    model = transformers.LlamaForCausalLM(cfg)
+    params = list(model.parameters())
+    swapped = normir.replace_norms(model, probe=False)
+    assert sorted(s[0] for s in swapped) == ["model.layers.0.input_layernorm", "model.layers.0.post_attention_layernorm",
+                                             "model.layers.1.input_layernorm", "model.layers.1.post_attention_layernorm",
+                                             "model.norm"]
+    assert all(s[1].__name__ == "LlamaRMSNorm" and s[2] is SwappedRMSNorm for s in swapped)
+    assert all(a is b for a, b in zip(model.parameters(), params))
+    assert model.model.norm.variance_epsilon == cfg.rms_norm_eps

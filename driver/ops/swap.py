@@ -10,7 +10,7 @@ layer and says why. The rules are data (RULES): which layers they match and what
     Hugging Face RMSNorms  -> SwappedRMSNorm: a 1-D `weight` and a float `variance_epsilon`
                               (LlamaRMSNorm, Qwen2RMSNorm, MistralRMSNorm, ...): y =
                               weight * x_hat.to(x.dtype), in weight's and x's promoted dtype;
-                              Gemma's (class name Gemma*RMSNorm): y = x_hat * (1 + weight), in x's
+                              Gemma's (class Gemma*RMSNorm, `eps`): y = x_hat * (1 + weight), in x's
 """
 
 from __future__ import annotations
@@ -69,15 +69,24 @@ def _torch_ln(m: torch.nn.LayerNorm) -> torch.nn.Module:
     return new
 
 
+def _hf_eps(m: torch.nn.Module) -> float | None:
+    """A Hugging Face RMSNorm's epsilon: `variance_epsilon` (Llama's and most), or `eps` on a class
+    named *RMSNorm (Gemma's); None for anything else."""
+    eps = getattr(m, "variance_epsilon", None)
+    if eps is None and type(m).__name__.endswith("RMSNorm"):
+        eps = getattr(m, "eps", None)
+    return eps if isinstance(eps, float) else None
+
+
 def _hf_like(m: torch.nn.Module) -> bool:
-    w, eps = getattr(m, "weight", None), getattr(m, "variance_epsilon", None)
-    return isinstance(w, torch.nn.Parameter) and w.dim() == 1 and isinstance(eps, float) \
-        and not isinstance(m, SwappedRMSNorm)
+    w = getattr(m, "weight", None)
+    return isinstance(w, torch.nn.Parameter) and w.dim() == 1 and _hf_eps(m) is not None \
+        and not isinstance(m, (SwappedRMSNorm, RMSNorm, LayerNorm))
 
 
 def _hf_rms(m: torch.nn.Module) -> torch.nn.Module:
     gemma = type(m).__name__.startswith("Gemma")
-    return SwappedRMSNorm(m.weight, m.variance_epsilon, weight_offset=1.0 if gemma else 0.0, promote=not gemma)
+    return SwappedRMSNorm(m.weight, _hf_eps(m), weight_offset=1.0 if gemma else 0.0, promote=not gemma)
 
 
 @dataclass(frozen=True)
