@@ -258,6 +258,10 @@ def cmd_aot(a: argparse.Namespace) -> int:
 REPORT_SHAPES = {
     "rmsnorm_fwd": [(1024, "bf16"), (2880, "bf16"), (4096, "bf16"), (7168, "bf16"), (65536, "bf16"), (4096, "f32")],
     "rmsnorm_bwd": [(1024, "bf16"), (4096, "bf16"), (16384, "bf16"), (65536, "bf16"), (4096, "f32")],
+    "fused_add_rmsnorm_fwd": [(4096, "bf16"), (65536, "bf16")],
+    "fused_add_rmsnorm_bwd": [(4096, "bf16"), (65536, "bf16")],
+    "layernorm_fwd": [(1024, "bf16"), (4096, "bf16"), (65536, "bf16"), (4096, "f32")],
+    "layernorm_bwd": [(1024, "bf16"), (4096, "bf16"), (65536, "bf16"), (4096, "f32")],
     "rmsnorm_dw_reduce": [(4096, "f32")],
 }
 

@@ -6,8 +6,8 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh
 if python3 -c "import torch, sys; sys.exit(0 if torch.cuda.is_available() else 1)"; then
-  python3 -m pytest tests/test_gpu_rmsnorm.py -q -m gpu
-  python3 scripts/bench.py --out "${OUT:-out}" --ops fwd,bwd,fwdbwd
+  python3 -m pytest tests/test_gpu_rmsnorm.py tests/test_gpu_fused_add.py tests/test_gpu_layernorm.py -q -m gpu
+  python3 scripts/bench.py --out "${OUT:-out}" --ops fwd,bwd,add_fwd,add_bwd,ln_fwd,ln_bwd,add_ln_fwd,add_ln_bwd
 else
   echo "no GPU here: compiling every kernel for gfx950 and sm_90"
   normir report
