@@ -1,9 +1,11 @@
-"""The kernel catalogue, as data: each kernel's template, its op flags, its launch arguments by
-name (the one place their order is written: the template's signature is made from it, and the
-launcher packs values by these names), its grid, and the memory traffic the layout policy reads.
+"""The kernel catalogue, as data: each kernel's template, its op's math (Stats: the statistics
+piece, the row summaries and their merge, the accumulators, a mean), the optional features it
+takes, its launch arguments by name (the one place their order is written: the template's
+signature is made from it, and the launcher packs values by these names), its grid, and the
+memory traffic the layout policy reads.
 
-Adding a kernel of the family: an entry here (a template with its flags and a math piece), and
-the op that launches it in normir.ops; the layout policy needs no change.
+Adding a kernel of the family: an entry here (a template, a Stats with its math piece), and the
+op that launches it in normir.ops; the layout policy needs no change.
 """
 
 from __future__ import annotations
