@@ -33,3 +33,14 @@ def poison(*specs: tuple[tuple[int, ...], torch.dtype]) -> None:
 
 def make(shape, dt, scale=1.0, device="cuda"):
     return (torch.randn(shape, dtype=torch.float32, device=device) * scale).to(dt)
+
+
+def tensors(shape, x, r=None, w="", b=None):
+    """Random inputs of the given dtype names (w "": x's type; None: absent): x, residual, weight
+    (around 1) and bias."""
+    n = shape[-1]
+    xt = make(shape, TORCH[x])
+    rt = make(shape, TORCH[r]) if r else None
+    wt = (make((n,), TORCH[w or x]) + 1) if w is not None else None
+    bt = make((n,), TORCH[b], 0.5) if b else None
+    return xt, rt, wt, bt

@@ -21,22 +21,12 @@ from gpu_cases import (
     FWD_N,
     TRAIN_N,
 )
-from gpu_helpers import TOL, TORCH, make, poison, rel_err
+from gpu_helpers import TOL, TORCH, make, poison, rel_err, tensors
 
 import normir
 from normir.ops.fused_add_rmsnorm import fused_add_rmsnorm_bwd_ref, fused_add_rmsnorm_ref
 
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a GPU")]
-
-
-def tensors(shape, x, r=None, w="", b=None):
-    """Random inputs of the given dtype names (w "": x's type; None: absent)."""
-    n = shape[-1]
-    xt = make(shape, TORCH[x])
-    rt = make(shape, TORCH[r]) if r else None
-    wt = (make((n,), TORCH[w or x]) + 1) if w is not None else None
-    bt = make((n,), TORCH[b], 0.5) if b else None
-    return xt, rt, wt, bt
 
 
 def check(shape, x, r=None, w="", b=None, s=None, o=None, offset=0.0, *, prenorm=True, eps=1e-6):
