@@ -84,9 +84,9 @@ class Stats:
 
 COMBINE_SUM = "common/combine_sum.mlir"
 RMS = Stats("common/stats_rms.mlir", 1, 1, COMBINE_SUM, "V", "V", False)
-# LayerNorm: the forward's per-lane (mean, M2) and merged (n, mean, M2) rows by Chan's update; the
-# backward's two sums added.
-LAYER = Stats("common/stats_layer.mlir", 3, 2, "common/combine_chan.mlir", "2V", "2V", True)
+# LayerNorm: the forward's per-thread (mean, M2) and merged (n, mean, M2) rows by Chan's update;
+# the backward's two sums added.
+LAYER = Stats("common/stats_layer.mlir", 3, 2, "common/combine_chan.mlir", "2", "2V", True)
 
 
 @dataclass(frozen=True)

@@ -6,8 +6,10 @@ kernel text or builds Options; those happen once per (kernel, shape, dtype, devi
 
 from __future__ import annotations
 
+import contextlib
 import re
 import threading
+from collections.abc import Iterator
 from functools import cache
 
 import torch
@@ -101,13 +103,35 @@ def handle(kernel: str, device: int, n: int, dtype: str, wdtype: str, eps: float
                            store_rstd=store_rstd, vec=vec, atomic_dw=atomic_dw, **dict(extra), **over)
             binary = library.get_binary(opts)
             drv = runtime.driver(vendor())
-            fn = drv.function(device, binary.key, binary.data, binary.entry)
-            spec = KERNELS[kernel]
-            h = runtime.LaunchHandle(drv, fn, binary.entry, opts.layout.block, spec.arg_names,
-                                     tuple("p" if a.pointer else "q" for a in spec.args), opts.layout.cluster,
-                                     opts.layout.smem_bytes, device)
+            with _loading(drv):
+                fn = drv.function(device, binary.key, binary.data, binary.entry)
+                spec = KERNELS[kernel]
+                h = runtime.LaunchHandle(drv, fn, binary.entry, opts.layout.block, spec.arg_names,
+                                         tuple("p" if a.pointer else "q" for a in spec.args), opts.layout.cluster,
+                                         opts.layout.smem_bytes, device)
             hit = _handles[key] = (h, opts.layout)
     return hit
+
+
+@contextlib.contextmanager
+def _loading(drv: runtime.Driver) -> Iterator[None]:
+    """Where a kernel is first used inside a CUDA graph capture (torch.cuda.graph around a first
+    call, a graphed callable captured without a warm-up of this shape), its module is loaded and
+    its function queried (attributes, occupancy) with this thread's capture mode relaxed: the
+    capture's default mode refuses a module load, and the refused call would also invalidate the
+    user's capture. Nothing of it is enqueued on the capturing stream; the launch that follows is
+    captured as any other. Should the driver still refuse, the error says to warm up first.
+    Outside a capture nothing changes (the check costs one call, on a handle's first use only)."""
+    if not (torch.cuda.is_initialized() and torch.cuda.is_current_stream_capturing()):
+        yield
+        return
+    try:
+        with drv.relaxed_capture():
+            yield
+    except runtime.DriverError as e:
+        if runtime.CAPTURE_HINT in str(e):
+            raise
+        raise runtime.DriverError(f"{e}{runtime.CAPTURE_HINT}") from e
 
 
 _raw_stream = getattr(torch._C, "_cuda_getCurrentRawStream", None)

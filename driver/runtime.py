@@ -8,10 +8,12 @@ updated in place (no per-call allocation), under a lock so that threads cannot i
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import operator
 import struct
 import threading
+from collections.abc import Iterator
 from dataclasses import dataclass
 
 _SYMBOLS = {
@@ -20,12 +22,13 @@ _SYMBOLS = {
                  device_get="cuDeviceGet", ctx_retain="cuDevicePrimaryCtxRetain", ctx_set="cuCtxSetCurrent",
                  occupancy="cuOccupancyMaxActiveBlocksPerMultiprocessor", param_end=0,
                  launch_ex="cuLaunchKernelEx", cluster_occupancy="cuOccupancyMaxActiveClusters",
-                 set_attribute="cuFuncSetAttribute"),
+                 set_attribute="cuFuncSetAttribute", capture_mode="cuThreadExchangeStreamCaptureMode"),
     "hip": dict(lib=("libamdhip64.so", "libamdhip64.so.6", "libamdhip64.so.7"), init="hipInit",
                 load="hipModuleLoadData", get="hipModuleGetFunction", launch="hipModuleLaunchKernel",
                 error="hipGetErrorString", device_get="hipDeviceGet", ctx_retain=None, ctx_set="hipSetDevice",
                 occupancy="hipModuleOccupancyMaxActiveBlocksPerMultiprocessor", param_end=3,
-                launch_ex=None, cluster_occupancy=None, set_attribute="hipFuncSetAttribute"),
+                launch_ex=None, cluster_occupancy=None, set_attribute="hipFuncSetAttribute",
+                capture_mode="hipThreadExchangeStreamCaptureMode"),
 }
 
 
@@ -67,6 +70,10 @@ class Driver:
             self._error.argtypes, self._error.restype = [i32, ctypes.POINTER(ctypes.c_char_p)], i32
         else:
             self._error.argtypes, self._error.restype = [i32], ctypes.c_char_p
+        # cuThreadExchangeStreamCaptureMode(CUstreamCaptureMode*): absent from a very old driver.
+        self._exchange = getattr(L, s["capture_mode"], None)
+        if self._exchange is not None:
+            self._exchange.argtypes, self._exchange.restype = [ctypes.POINTER(ctypes.c_int)], i32
         self._modules: dict[tuple[int, str], ctypes.c_void_p] = {}
         self._lock = threading.Lock()
         self.check(getattr(L, s["init"])(0), s["init"])
@@ -93,7 +100,24 @@ class Driver:
 
     def check(self, code: int, what: str) -> None:
         if code != 0:
-            raise DriverError(f"{what} failed with error {code}: {self.error_string(code)}")
+            raise DriverError(f"{what} failed with error {code}: {self.error_string(code)}{capture_hint(code)}")
+
+    @contextlib.contextmanager
+    def relaxed_capture(self) -> Iterator[None]:
+        """This thread's stream-capture mode set to relaxed, then restored: a stream capture in
+        progress (torch.cuda.graph's default mode, "global") forbids this thread the calls it deems
+        unsafe, which include loading a module. Loading one enqueues nothing on the capturing
+        stream, so the captured graph is the same; torch's allocator relaxes the mode around its
+        cudaMalloc during a capture in the same way."""
+        if self._exchange is None:
+            yield
+            return
+        mode = ctypes.c_int(_CAPTURE_MODE_RELAXED)
+        self.check(self._exchange(ctypes.byref(mode)), self.sym["capture_mode"])
+        try:
+            yield
+        finally:
+            self._exchange(ctypes.byref(mode))  # the previous mode back
 
     def make_current(self, device: int) -> None:
         """Make the device's primary context (the one torch uses) current on this thread."""
@@ -152,6 +176,19 @@ class Driver:
 
 # CUDA_ERROR_INVALID_CONTEXT / hipErrorInvalidContext: no (valid) context current on the thread.
 _INVALID_CONTEXT = 201
+# CU_STREAM_CAPTURE_MODE_RELAXED / hipStreamCaptureModeRelaxed.
+_CAPTURE_MODE_RELAXED = 2
+# CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED ... CUDA_ERROR_STREAM_CAPTURE_WRONG_THREAD (HIP's are the same).
+_CAPTURE_ERRORS = range(900, 909)
+
+
+CAPTURE_HINT = (" (inside a CUDA graph capture: run the call once before capturing, a warm-up as "
+                "torch.cuda.graph's documentation asks, so that normir's kernel is loaded before the capture starts)")
+
+
+def capture_hint(code: int) -> str:
+    """What to do about an error a CUDA graph capture caused (nothing for another error)."""
+    return CAPTURE_HINT if code in _CAPTURE_ERRORS else ""
 # The launch's `extra` parameter: a pointer to one packed argument buffer and its size.
 _BUFFER_POINTER, _BUFFER_SIZE = 1, 2
 # CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, hipFuncAttributeMaxDynamicSharedMemorySize.
@@ -259,7 +296,7 @@ class LaunchHandle:
             code = self._launch(grid, stream, args)
         if code != 0:
             raise DriverError(f"{self.driver.sym['launch']} ({self.name}, grid {grid}, block {self.block}) "
-                              f"failed with error {code}: {self.driver.error_string(code)}")
+                              f"failed with error {code}: {self.driver.error_string(code)}{capture_hint(code)}")
 
     def _launch(self, grid: int, stream: int, args: tuple[int, ...]) -> int:
         with self._lock:  # another thread must not rewrite the buffer before the driver copies it

@@ -92,12 +92,25 @@ def stats_values(opts: Options) -> dict[str, str]:
     def lanes(acc: str) -> int:
         return int(acc[:-1] or 1) * v if acc.endswith("V") else int(acc)
 
-    return {"STATS_PIECE": stats.piece, "HAS_MEAN": _bool(stats.has_mean),
-            "COMBINE_PIECE": stats.fwd_combine if KERNELS[opts.kernel].grid == "rows" else COMBINE_SUM,
+    combine = stats.fwd_combine if KERNELS[opts.kernel].grid == "rows" else COMBINE_SUM
+    lay = opts.layout
+    return {"STATS_PIECE": stats.piece, "HAS_MEAN": _bool(stats.has_mean), "COMBINE_PIECE": combine,
+            # The butterfly's first shuffled value: Chan's merge of equal counts reads no partner count.
+            "PAIR_FIRST": "1" if combine != COMBINE_SUM and _equal_counts(lay) else "0",
             "FWD_ACC": f"vector<{lanes(stats.fwd_acc)}xf32>", "BWD_ACC": f"vector<{lanes(stats.bwd_acc)}xf32>",
             # vector.shuffle lane lists: a 2V accumulator's halves, and the two joined.
             "LANES_LO": ", ".join(map(str, range(v))), "LANES_HI": ", ".join(map(str, range(v, 2 * v))),
             "LANES_2V": ", ".join(map(str, range(2 * v)))}
+
+
+def _pow2_at_least(n: int) -> int:
+    return 1 << max(0, n - 1).bit_length()
+
+
+def _equal_counts(lay) -> bool:
+    """Every thread of a row has as many chunks, and the warp totals are a power of two: each
+    butterfly step merges two summaries over as many elements."""
+    return lay.k == lay.kfull and lay.wpr == _pow2_at_least(lay.wpr)
 
 
 def common_values(opts: Options) -> dict[str, str]:
@@ -142,6 +155,7 @@ def common_values(opts: Options) -> dict[str, str]:
         "WT": opts.wdtype,
         "EPS": mlir_f32(opts.eps),
         "INV_N": mlir_f32(1.0 / opts.n),
+        "INV_V": mlir_f32(1.0 / lay.vec),
         "V": str(lay.vec),
         "ALIGN": str(lay.vec * eb),
         "W_ALIGN": str(min(MAX_VECTOR_BYTES, lay.vec * wb)),
@@ -158,7 +172,12 @@ def common_values(opts: Options) -> dict[str, str]:
         # per block has none (*tune-v64*: +1% at 7168, +0.2-0.6% at 2048-8192 for the forward).
         "RED_REUSED": _bool(KERNELS[opts.kernel].grid != "rows"),
         "SHUFFLE_STEPS": str(int(math.log2(min(lay.tpr, lay.warp)))),
-        "WARP_STEPS": str(int(math.log2(lay.warp))),
+        # The warp totals' butterfly: log2 of the power of two covering them (1 warp: no step).
+        "WPR_P2": str(_pow2_at_least(lay.wpr)),
+        "WARP_STEPS": str(int(math.log2(_pow2_at_least(lay.wpr)))),
+        # LayerNorm's butterfly merge needs no division where counts are equal.
+        "EQUAL_COUNTS": _bool(_equal_counts(lay)),
+        "PAIR_FIRST": "0",  # every value shuffled (stats_values: LayerNorm's forward may skip its count)
         "K": str(lay.k),
         "KFULL": str(lay.kfull),
         "NCHUNK": str(lay.nchunk),
@@ -182,7 +201,8 @@ LAYOUT_VALUES = {
     "STAGE_BLOCK_BYTES": "--stage", "L2_PREFETCH": "--l2-prefetch", "PREFETCH_PIECE": "--l2-prefetch",
     "CACHE_ROW": "--cache-row", "OVERLAP": "--overlap", "OVERLAP_K": "--overlap", "BATCH_RELOAD": "--batch-reload",
     "KERNEL_ATTRS": "--min-blocks", "ROWS": "", "BLOCK": "", "K": "", "KFULL": "", "NCHUNK": "", "NSUB": "",
-    "WPR": "", "MULTI_WARP": "", "SHUFFLE_STEPS": "", "WARP_STEPS": "", "DW_REGS": "", "PREFETCH_W": "",
+    "WPR": "", "MULTI_WARP": "", "SHUFFLE_STEPS": "", "WARP_STEPS": "", "WPR_P2": "", "EQUAL_COUNTS": "",
+    "PAIR_FIRST": "", "DW_REGS": "", "PREFETCH_W": "",
     "RED_REUSED": "", "COL_THREADS": "", "ROW_THREADS": "", "ARGS": "", "ABSENT": "",
 }
 # The placeholders each user-given option of `normir compile` fills: an option the text does not use

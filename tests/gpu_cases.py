@@ -195,7 +195,7 @@ def specializations() -> list[dict]:
     for n in BENCH_N:
         plan += [_fwd(n, "bf16", "bf16", store_rstd=False), _fwd(n, "bf16", "bf16")]
         plan += _bwd(n, "bf16", "bf16") + _bwd(n, "bf16", "bf16", atomic=True)
-    plan += fused_specializations() + layer_specializations() + swap_specializations()
+    plan += fused_specializations() + layer_specializations() + swap_specializations() + integration_specializations()
     seen, out = set(), []
     for p in plan:
         k = tuple(sorted(p.items()))
@@ -327,12 +327,45 @@ SWAP_N = 256  # test_gpu_swap.py's hidden size
 def swap_specializations() -> list[dict]:
     """What test_gpu_swap.py launches: the probes (bf16, no gradient), then the swapped model's
     forward and backward: Llama's RMSNorm (eps 1e-6), torch.nn.RMSNorm (eps None: bf16's), torch's
-    LayerNorm (a bias, eps 1e-5), Gemma's RMSNorm (weight offset 1)."""
+    LayerNorm (a bias, eps 1e-5), Gemma's RMSNorm (weight offset 1), and the probe of Cohere's LayerNorm (eps 1e-5) that
+    keeps it."""
     n, bf16_eps = SWAP_N, 0.0078125
     plan: list[dict] = []
+    plan.append(_fwd(n, "bf16", "bf16", eps=1e-5, store_rstd=False))  # the probe of Cohere's LayerNorm, refused
     for store in (False, True):
         plan += [_fwd(n, "bf16", "bf16", store_rstd=store), _fwd(n, "bf16", "bf16", eps=bf16_eps, store_rstd=store),
                  layer_fwd(n, "bf16", b="bf16", store_rstd=store),
                  fused_fwd(n, "bf16", offset=1.0, store_rstd=store)]
     plan += _bwd(n, "bf16", "bf16") + layer_bwd(n, "bf16", b="bf16") + fused_bwd(n, "bf16", offset=1.0)
+    return plan
+
+
+INTEGRATION_N = 512  # test_gpu_integration.py's hidden size
+
+
+def integration_specializations() -> list[dict]:
+    """What test_gpu_integration.py launches (N = INTEGRATION_N; RMSNorm's eps 1e-6, LayerNorm's
+    1e-5): each op with and without a gradient (rstd stored or not), its backward with and
+    without d_residual_out: torch.compile, CUDA graphs, double backward, the first load inside a
+    capture; and the autocast cases (fp32 x and parameters, bf16 x with bf16 or fp32 ones),
+    with y in x's dtype (torch.rms_norm before torch 2.12) or in fp32 (layer_norm, and rms_norm
+    from 2.12)."""
+    n, plan = INTEGRATION_N, []
+    for dt, wdt in (("bf16", "bf16"), ("f32", "f32"), ("bf16", "f32")):  # plain RMSNorm
+        plan += [_fwd(n, dt, wdt, store_rstd=s) for s in (True, False)] + _bwd(n, dt, wdt)
+    plan += [_fwd(n, "bf16", "bf16", has_weight=False, store_rstd=s) for s in (True, False)]
+    plan += _bwd(n, "bf16", "bf16", has_weight=False)
+    # (x, residual, weight, bias, out_dtype): the fused add with and without a bias; y in fp32
+    # under autocast without a residual (bf16 or fp32 weight) and with one.
+    fused = (("bf16", "bf16", "", None, None), ("bf16", "bf16", "", "bf16", None), ("bf16", None, "", None, "f32"),
+             ("bf16", None, "f32", None, "f32"), ("bf16", "bf16", "", None, "f32"))
+    # LayerNorm: (x, residual, weight, bias, out_dtype): weight and bias, neither, the fused add,
+    # and the autocast cases (fp32 throughout; bf16 x, y in fp32, with bf16 or fp32 parameters).
+    layer = (("bf16", None, "", "bf16", None), ("bf16", None, None, None, None), ("bf16", "bf16", "", "bf16", None),
+             ("f32", None, "", "f32", None), ("bf16", None, "", "bf16", "f32"), ("bf16", None, "f32", "f32", "f32"),
+             ("bf16", "bf16", "", "bf16", "f32"))
+    for table, fwd, bwd in ((fused, fused_fwd, fused_bwd), (layer, layer_fwd, layer_bwd)):
+        for x, r, w, b, o in table:
+            plan += [fwd(n, x, r, w, b, o=o, store_rstd=s) for s in (True, False)]
+            plan += bwd(n, x, r, w, b, o=o) + (bwd(n, x, r, w, b, o=o, dres_out=False) if r else [])
     return plan

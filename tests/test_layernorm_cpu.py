@@ -96,12 +96,16 @@ def test_options_and_flags():
     with pytest.raises(ValueError, match=r"layernorm_fwd takes no weight offset"):
         Options(kernel="layernorm_fwd", n=1024, weight_offset=1.0)
     fwd = values_for(Options(kernel="layernorm_fwd", n=1024, store_rstd=True))
-    assert (fwd["HAS_MEAN"], fwd["NR"], fwd["FWD_ACC"]) == ("true", "3", "vector<16xf32>")  # 8 means, 8 M2s
+    assert (fwd["HAS_MEAN"], fwd["NR"], fwd["FWD_ACC"]) == ("true", "3", "vector<2xf32>")  # the thread's mean, M2
+    # 1024 = 64 threads x 2 chunks of 8: equal counts, the butterfly skips the count.
+    assert (fwd["EQUAL_COUNTS"], fwd["PAIR_FIRST"], fwd["WPR_P2"], fwd["WARP_STEPS"]) == ("true", "1", "2", "1")
+    tail = values_for(Options(kernel="layernorm_fwd", n=2880))  # 360 chunks over 352 threads
+    assert (tail["EQUAL_COUNTS"], tail["PAIR_FIRST"]) == ("false", "0")
     assert fwd["COMBINE_PIECE"] == "common/combine_chan.mlir" and fwd["STATS_PIECE"] == "common/stats_layer.mlir"
     bwd = values_for(Options(kernel="layernorm_bwd", n=1024, bdtype="f32"))
     assert (bwd["NR"], bwd["BWD_ACC"], bwd["COMBINE_PIECE"]) == ("2", "vector<16xf32>", "common/combine_sum.mlir")
     rms = values_for(Options(kernel="rmsnorm_fwd", n=1024))
-    assert (rms["HAS_MEAN"], rms["NR"], rms["FWD_ACC"]) == ("false", "1", "vector<8xf32>")
+    assert (rms["HAS_MEAN"], rms["NR"], rms["FWD_ACC"], rms["PAIR_FIRST"]) == ("false", "1", "vector<8xf32>", "0")
 
 
 def test_layout_sees_one_read_without_a_residual():

@@ -95,14 +95,20 @@ def _attrs(config: int) -> list[tuple[int, int, int, int]]:
 
 
 MESSAGES = {100: "no CUDA-capable device is detected", 218: "a PTX JIT compilation failed",
-            700: "an illegal memory access was encountered"}
+            700: "an illegal memory access was encountered", 900: "operation not permitted when stream is capturing"}
 
 
 class FakeCuda(FakeLib):
     SYMBOLS = ("cuInit", "cuModuleLoadData", "cuModuleGetFunction", "cuLaunchKernel", "cuGetErrorString",
                "cuDeviceGet", "cuDevicePrimaryCtxRetain", "cuCtxSetCurrent",
                "cuOccupancyMaxActiveBlocksPerMultiprocessor", "cuLaunchKernelEx", "cuOccupancyMaxActiveClusters",
-               "cuFuncSetAttribute")
+               "cuFuncSetAttribute", "cuThreadExchangeStreamCaptureMode")
+
+    capture_mode = 0  # CU_STREAM_CAPTURE_MODE_GLOBAL, the thread's default
+
+    def _cuThreadExchangeStreamCaptureMode(self, mode):
+        mode._obj.value, self.capture_mode = self.capture_mode, mode._obj.value
+        return self.code("cuThreadExchangeStreamCaptureMode")
 
     def _cuInit(self, flags):
         return self.code("cuInit")
@@ -165,7 +171,11 @@ class FakeCuda(FakeLib):
 class FakeHip(FakeLib):
     SYMBOLS = ("hipInit", "hipModuleLoadData", "hipModuleGetFunction", "hipModuleLaunchKernel",
                "hipGetErrorString", "hipDeviceGet", "hipSetDevice",
-               "hipModuleOccupancyMaxActiveBlocksPerMultiprocessor", "hipFuncSetAttribute")
+               "hipModuleOccupancyMaxActiveBlocksPerMultiprocessor", "hipFuncSetAttribute",
+               "hipThreadExchangeStreamCaptureMode")
+
+    def _hipThreadExchangeStreamCaptureMode(self, mode):
+        return 0
 
     def _hipInit(self, flags):
         return self.code("hipInit")
@@ -424,6 +434,69 @@ def test_occupancy_at_least_one():
 def test_occupancy_failure():
     with pytest.raises(DriverError, match=r"^cuOccupancyMaxActiveBlocksPerMultiprocessor failed with error 700"):
         _handle(FakeCuda(cuOccupancyMaxActiveBlocksPerMultiprocessor=700))
+
+
+# ---------------------------------------------------------------------------- CUDA graph capture
+
+
+def test_relaxed_capture_sets_and_restores_the_thread_mode():
+    lib = FakeCuda()
+    d = Driver("cuda", lib=lib)
+    with d.relaxed_capture():
+        assert lib.capture_mode == 2  # CU_STREAM_CAPTURE_MODE_RELAXED while loading
+    assert lib.capture_mode == 0  # the previous mode back
+    with pytest.raises(DriverError), d.relaxed_capture():  # an error inside: the mode is restored anyway
+        d.function(0, "k", b"x", "rmsnorm_fwd")
+        raise DriverError("x")
+    assert lib.capture_mode == 0 and len(lib.called("cuThreadExchangeStreamCaptureMode")) == 4
+
+
+def test_relaxed_capture_without_the_symbol_is_a_no_op():
+    class OldCuda(FakeCuda):
+        SYMBOLS = tuple(s for s in FakeCuda.SYMBOLS if s != "cuThreadExchangeStreamCaptureMode")
+
+    lib = OldCuda()
+    with Driver("cuda", lib=lib).relaxed_capture():
+        pass
+    assert lib.capture_mode == 0
+
+
+def test_capture_errors_name_the_fix():
+    # A call that a capture refuses (CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED) says to warm up first.
+    with pytest.raises(DriverError, match=r"^cuModuleLoadData \(rmsnorm_fwd\) failed with error 900: operation not "
+                                          r"permitted when stream is capturing \(inside a CUDA graph capture: run the "
+                                          r"call once before capturing"):
+        Driver("cuda", lib=FakeCuda(cuModuleLoadData=900)).function(0, "k", b"x", "rmsnorm_fwd")
+    h = _handle(FakeCuda())
+    h.driver.lib.codes["cuLaunchKernel"] = 901
+    with pytest.raises(DriverError, match=r"failed with error 901: unknown error \(inside a CUDA graph capture"):
+        h.launch(1, 0, 1, 2, 3)
+    assert runtime.capture_hint(700) == "" and runtime.capture_hint(908) == runtime.CAPTURE_HINT
+
+
+def test_first_load_inside_a_capture_is_relaxed(monkeypatch):
+    # launch._loading: the module load of a kernel's first use inside a capture runs with the
+    # thread's capture mode relaxed; an error there names the fix; outside a capture, no change.
+    import torch
+
+    from normir import launch
+
+    lib = FakeCuda()
+    d = Driver("cuda", lib=lib)
+    with launch._loading(d):
+        assert lib.capture_mode == 0  # torch not initialized here: no capture
+    monkeypatch.setattr(torch.cuda, "is_initialized", lambda: True)
+    monkeypatch.setattr(torch.cuda, "is_current_stream_capturing", lambda: True)
+    with launch._loading(d):
+        assert lib.capture_mode == 2
+        d.function(0, "k", b"x", "rmsnorm_fwd")
+    assert lib.capture_mode == 0
+    with pytest.raises(DriverError, match=r"^cuModuleGetFunction \(rmsnorm_bwd\) failed with error 1: unknown error "
+                                          r"\(inside a CUDA graph capture: run the call once before capturing"):
+        lib.codes["cuModuleGetFunction"] = 1
+        with launch._loading(d):
+            d.function(0, "k2", b"y", "rmsnorm_bwd")
+    assert lib.capture_mode == 0
 
 
 # ---------------------------------------------------------------------------- HIP through the fake

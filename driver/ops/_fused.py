@@ -174,10 +174,9 @@ def launch_bwd(dy: torch.Tensor, residual_out: torch.Tensor, weight: torch.Tenso
 
 
 def bwd_outputs(dx, dres, dw, db):
-    """A backward custom op's outputs: the absent ones as (0,)-shaped tensors (fresh, unaliased)."""
-    empty = dx.new_empty((0,))
-    return dx, (dres if dres is not None else empty), (dw if dw is not None else empty), \
-        (db if db is not None else empty.clone())
+    """A backward custom op's outputs: the absent ones as (0,)-shaped tensors, each its own (a
+    custom op's outputs may not alias one another: no dresidual and no weight is two of them)."""
+    return dx, *(t if t is not None else dx.new_empty((0,)) for t in (dres, dw, db))
 
 
 def fake_bwd_outputs(residual_out, weight, n, bias_dtype, dx_dtype, dres_dtype):
@@ -192,6 +191,12 @@ def fake_bwd_outputs(residual_out, weight, n, bias_dtype, dx_dtype, dres_dtype):
 
 
 # ---------------------------------------------------------------------------- autograd (eager)
+
+# The ops the eager Function serves, by backward kernel: the names its double-backward error gives
+# (the op, torch's op to use instead).
+_EAGER_NAMES = {"fused_add_rmsnorm_bwd": ("normir.rmsnorm with a residual, bias, weight offset or out_dtype "
+                                          "(normir.fused_add_rmsnorm)", R.TORCH_RMS),
+                "layernorm_bwd": ("normir.layernorm (normir.fused_add_layernorm)", R.TORCH_LN)}
 
 
 class FusedNormFunction(torch.autograd.Function):
@@ -216,6 +221,7 @@ class FusedNormFunction(torch.autograd.Function):
         return y, res_out
 
     @staticmethod
+    @R.first_order_only(lambda ctx: _EAGER_NAMES[ctx.kernel][0], lambda ctx: _EAGER_NAMES[ctx.kernel][1])
     def backward(ctx, dy, d_res_out):
         h, weight, rstd, mean = ctx.saved_tensors
         x_dtype, r_dtype = ctx.dtypes
@@ -227,6 +233,17 @@ class FusedNormFunction(torch.autograd.Function):
         dres = dres if dres is not None else dx
         return (None, (dx if need[1] else None), (dres if ctx.has_residual and need[2] else None),
                 (dw if need[3] else None), (db if need[4] else None), None, None, None, None, None)
+
+
+def eager_forward(kernels, x, residual, weight, bias, eps, residual_dtype, out_dtype, weight_offset, keep):
+    """The fused norms' eager forward: through FusedNormFunction where a gradient is needed, else
+    the launch alone, storing no statistics (torch.no_grad, inference). Returns (y, residual_out)."""
+    if torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in (x, residual, weight, bias)):
+        return FusedNormFunction.apply(kernels, x, residual, weight, bias, eps, residual_dtype, out_dtype,
+                                       weight_offset, keep)
+    y, res_out, _, _ = launch_fwd(x, residual, weight, bias, eps, residual_dtype, out_dtype, weight_offset, False,
+                                  keep, kernels[0])
+    return y, res_out
 
 
 def grads_ref(norm, h, weight, bias, dy, d_residual_out=None):

@@ -9,7 +9,9 @@ fake tensors alike (the custom ops' fake implementations call them too).
 
 from __future__ import annotations
 
+import functools
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
 from functools import cache
 
@@ -200,3 +202,105 @@ def eager(x: object) -> bool:
     """Launch directly (a plain tensor, not under torch.compile), or go through the custom op
     (tracing, fake or functional tensors). The custom op's dispatch costs tens of microseconds."""
     return type(x) is torch.Tensor and not torch.compiler.is_compiling()
+
+
+# ---------------------------------------------------------------------------- autocast
+
+# torch.autocast("cuda") gives a norm's output the dtype torch's own op gets there. aten::layer_norm
+# (and native_layer_norm) is on autocast's fp32 list in every torch normir supports: its
+# floating-point CUDA inputs are cast to float32 first, so y is float32 whatever x and the weight
+# are. aten::rms_norm joined that list in torch 2.12; before, autocast leaves it alone and it
+# returns x's dtype (torch 2.11: fp32 math, cast back to the input's type). Which list an op is on
+# is compiled into torch (ATen/autocast_mode.h, AT_FORALL_FP32), so it is read from the
+# dispatcher: an op with an AutocastCUDA kernel is a cast one, and for these norms the cast is
+# the fp32 one (tests/test_integration_cpu.py checks that against torch itself, on fake tensors).
+
+
+def _autocast_casts(op: str) -> bool:
+    try:
+        return torch._C._dispatch_has_kernel_for_dispatch_key(op, "AutocastCUDA")
+    except RuntimeError:  # an op this torch does not have
+        return False
+
+
+AUTOCAST_FP32 = {"rmsnorm": _autocast_casts("aten::rms_norm"), "layernorm": _autocast_casts("aten::layer_norm")}
+
+
+def autocast_out_dtype(norm: str, x: object) -> torch.dtype | None:
+    """Under torch.autocast("cuda") (the caller has checked torch.is_autocast_enabled()): the
+    out_dtype that gives y the dtype torch's own norm gives there (norm: "rmsnorm" or
+    "layernorm"), or None where that is normir's default (x's dtype). normir does not cast:
+    its kernels read each input in its own type, which is exactly what the fp32 casts would give,
+    and write y in float32; the gradients come back in each input's dtype, as through the casts."""
+    if not AUTOCAST_FP32[norm] or not isinstance(x, torch.Tensor) or not x.is_cuda or x.dtype == torch.float32:
+        return None
+    return torch.float32
+
+
+# ---------------------------------------------------------------------------- double backward
+
+TORCH_RMS = "torch.nn.functional.rms_norm (torch.nn.RMSNorm)"
+TORCH_LN = "torch.nn.functional.layer_norm (torch.nn.LayerNorm)"
+
+DOUBLE_BACKWARD = (
+    "{name} has no double backward: normir's kernels compute first derivatives only, so the gradient it "
+    "returned under create_graph=True cannot be differentiated again. For a second derivative through this "
+    "layer (a gradient penalty, a Hessian-vector product, MAML) use torch's own {torch_op} for it, or keep "
+    "this layer out of the part of the graph that is differentiated twice")
+
+
+class _NoDoubleBackward(torch.autograd.Function):
+    """The identity on the gradients a backward returned, made a node of the graph that
+    create_graph=True builds, with every tensor those gradients depend on as an input; its own
+    backward (the second derivative) raises DOUBLE_BACKWARD."""
+
+    @staticmethod
+    def forward(ctx, message, grads, *depends_on):
+        ctx.message = message
+        return grads  # tensors made by the kernels, not inputs: they get this node as grad_fn
+
+    @staticmethod
+    def backward(ctx, *_):
+        raise RuntimeError(ctx.message)
+
+
+def first_order_only(name: str | Callable[[object], str], torch_op: str | Callable[[object], str]):
+    """Decorate an autograd backward (an autograd.Function's, or a custom op's registered one)
+    whose kernels have no derivative of their own.
+
+    With create_graph=False (the usual backward) grad mode is off inside a backward and this adds
+    nothing. With create_graph=True it is on: the kernels run under no_grad and their outputs go
+    through _NoDoubleBackward, connected to the saved tensors and the incoming gradients (what a
+    true second derivative depends on). A second backward that reaches them raises a RuntimeError
+    naming the op and the fix; one that does not (create_graph=True for another layer's sake) runs
+    as usual. torch's once_differentiable is not enough: it attaches its error only where an
+    incoming gradient requires grad, so loss = y.sum(); g = grad(loss, x, create_graph=True);
+    g.pow(2).sum().backward() would silently drop this layer's second-order terms (AOTAutograd's
+    CompiledFunctionBackward connects the saved tensors for the same reason). name and torch_op
+    (torch's op to use instead): strings, or functions of ctx giving them."""
+
+    def wrap(backward):
+        @functools.wraps(backward)
+        def run(ctx, *grad_outputs):
+            if not torch.is_grad_enabled():
+                return backward(ctx, *grad_outputs)
+            with torch.no_grad():
+                grads = backward(ctx, *grad_outputs)
+            message = DOUBLE_BACKWARD.format(name=name(ctx) if callable(name) else name,
+                                             torch_op=torch_op(ctx) if callable(torch_op) else torch_op)
+            return _guard(message, grads, (*ctx.saved_tensors, *grad_outputs))
+
+        return run
+
+    return wrap
+
+
+def _guard(message: str, grads, depends_on: tuple) -> object:
+    deps = [t for t in depends_on if isinstance(t, torch.Tensor) and t.requires_grad]
+    seq = grads if isinstance(grads, tuple) else (grads,)
+    unique = {id(g): g for g in seq if isinstance(g, torch.Tensor)}  # dx may be both dx and dresidual
+    if not deps or not unique:
+        return grads  # nothing to differentiate: no second derivative exists
+    guarded = dict(zip(unique, _NoDoubleBackward.apply(message, tuple(unique.values()), *deps)))
+    out = tuple(guarded.get(id(g), g) if isinstance(g, torch.Tensor) else g for g in seq)
+    return out if isinstance(grads, tuple) else out[0]

@@ -20,9 +20,9 @@ import torch
 
 from . import _rows as R
 from ._fused import (
-    FusedNormFunction,
     bwd_checks,
     bwd_outputs,
+    eager_forward,
     fake_bwd_outputs,
     fwd_checks,
     grads_ref,
@@ -85,6 +85,8 @@ def _fwd_setup(ctx, inputs, output):
     ctx.mark_non_differentiable(rstd)
 
 
+@R.first_order_only("normir.rmsnorm with a residual, bias, weight offset or out_dtype "
+                     "(torch.ops.normir.fused_add_rmsnorm_fwd)", R.TORCH_RMS)
 def _fwd_backward(ctx, dy, d_res_out, _drstd):
     if not ctx.ready:
         raise RuntimeError("normir::fused_add_rmsnorm_fwd saved no rstd or residual_out for the backward: call it "
@@ -111,12 +113,15 @@ _fwd_op.register_autograd(_fwd_backward, setup_context=_fwd_setup)
 def fused_norm(x, residual, weight, bias, eps, residual_dtype, out_dtype, weight_offset, prenorm):
     """normir.rmsnorm's general form, with autograd: y, or (y, residual_out) with prenorm. The
     eager Function or, while tracing, the custom op. Without a residual, residual_out is x itself
-    (x.to(residual_dtype) where that type is given and differs)."""
+    (x.to(residual_dtype) where that type is given and differs). Under torch.autocast("cuda"), y
+    (without an out_dtype) has torch.rms_norm's dtype there (see normir.rmsnorm)."""
+    if out_dtype is None and torch.is_autocast_enabled():
+        out_dtype = R.autocast_out_dtype("rmsnorm", x)
     if not isinstance(prenorm, bool):
         raise TypeError(f"prenorm must be a bool, got {type(prenorm).__name__}")
     if R.eager(x):
-        y, res_out = FusedNormFunction.apply((FWD, BWD), x, residual, weight, bias, eps, residual_dtype, out_dtype,
-                                             weight_offset, prenorm)
+        y, res_out = eager_forward((FWD, BWD), x, residual, weight, bias, eps, residual_dtype, out_dtype, weight_offset,
+                                   prenorm)
     else:  # the checks first: the dispatcher's own type errors name no fix
         fwd_checks(x, residual, weight, bias, eps, residual_dtype, out_dtype, weight_offset)
         grad = torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in (x, residual, weight, bias))

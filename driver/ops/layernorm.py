@@ -17,10 +17,10 @@ import torch
 
 from . import _rows as R
 from ._fused import (
-    FusedNormFunction,
     bwd_checks,
     bwd_outputs,
     check_dtype,
+    eager_forward,
     fake_bwd_outputs,
     fwd_checks,
     grads_ref,
@@ -89,6 +89,7 @@ def _fwd_setup(ctx, inputs, output):
     ctx.mark_non_differentiable(mean, rstd)
 
 
+@R.first_order_only("normir.layernorm (torch.ops.normir.layernorm_fwd)", R.TORCH_LN)
 def _fwd_backward(ctx, dy, d_res_out, _dmean, _drstd):
     if not ctx.ready:
         raise RuntimeError("normir::layernorm_fwd saved no mean, rstd or residual_out for the backward: call it "
@@ -120,12 +121,19 @@ def layernorm(x: torch.Tensor, weight: torch.Tensor | None = None, bias: torch.T
     residual_dtype (default residual's), and y normalizes residual_out as stored. Returns y, or
     (y, residual_out) with prenorm (residual_out is x itself without a residual). y is in
     out_dtype (default x's). x, residual, weight and bias are each f32, f16 or bf16.
+
+    Under torch.autocast("cuda"), y (without an out_dtype) is float32, as torch's layer_norm
+    gives there (aten::layer_norm is on autocast's fp32 list). No input is cast: the kernels read
+    each in its own type, which is what the casts would give, and write y in float32; gradients
+    come back in each input's dtype. First derivatives only: a second backward through it raises.
     """
+    if out_dtype is None and torch.is_autocast_enabled():
+        out_dtype = R.autocast_out_dtype("layernorm", x)
     if not isinstance(prenorm, bool):
         raise TypeError(f"prenorm must be a bool, got {type(prenorm).__name__}")
     if R.eager(x):
-        y, res_out = FusedNormFunction.apply((FWD, BWD), x, residual, weight, bias, eps, residual_dtype, out_dtype,
-                                             0.0, prenorm)
+        y, res_out = eager_forward((FWD, BWD), x, residual, weight, bias, eps, residual_dtype, out_dtype, 0.0,
+                                   prenorm)
     else:  # the checks first: the dispatcher's own type errors name no fix
         fwd_checks(x, residual, weight, bias, eps, residual_dtype, out_dtype, 0.0)
         grad = torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in (x, residual, weight, bias))
@@ -253,7 +261,8 @@ def _hidden(normalized_shape) -> int:
 
 class LayerNorm(torch.nn.Module):
     """Drop-in for torch.nn.LayerNorm over the last dimension: the same arguments (normalized_shape
-    an int or a 1-tuple), parameters and state_dict keys (weight, bias)."""
+    an int or a 1-tuple), parameters and state_dict keys (weight, bias); under
+    torch.autocast("cuda") its output is float32, as torch.nn.LayerNorm's (see normir.layernorm)."""
 
     def __init__(self, normalized_shape, eps: float = 1e-5, elementwise_affine: bool = True, bias: bool = True,
                  device=None, dtype=None):

@@ -203,6 +203,7 @@ def _fwd_setup(ctx, inputs, output):
     ctx.mark_non_differentiable(output[1])
 
 
+@R.first_order_only("normir.rmsnorm (torch.ops.normir.rmsnorm_fwd)", R.TORCH_RMS)
 def _fwd_backward(ctx, dy, _drstd):
     x, weight, rstd = ctx.saved_tensors
     if not ctx.store_rstd:
@@ -258,6 +259,7 @@ class RMSNormFunction(torch.autograd.Function):
         return y
 
     @staticmethod
+    @R.first_order_only("normir.rmsnorm", R.TORCH_RMS)
     def backward(ctx, dy):
         x, weight, rstd = ctx.saved_tensors
         dx, dw = _bwd(x, weight, dy, rstd, False)
@@ -274,12 +276,19 @@ def rmsnorm(x: torch.Tensor, weight: torch.Tensor | None = None, eps: float = 1e
     residual_dtype (default residual's), and y normalizes residual_out as stored. Returns y, or
     (y, residual_out) with prenorm (residual_out is x itself without a residual). y is in
     out_dtype (default x's). x, residual, weight and bias are each f32, f16 or bf16.
+
+    Under torch.autocast("cuda"), y (without an out_dtype) has the dtype torch.rms_norm gives
+    there: float32 where this torch puts aten::rms_norm on autocast's fp32 list (2.12 and later),
+    else x's (autocast leaves it alone: torch 2.11). No input is cast; gradients come back in
+    each input's dtype. First derivatives only: a second backward through it raises.
     """
+    if out_dtype is None and torch.is_autocast_enabled():
+        out_dtype = R.autocast_out_dtype("rmsnorm", x)
     if bias is None and residual is None and prenorm is False and residual_dtype is None and out_dtype is None \
             and weight_offset == 0.0:
-        if R.eager(x):
-            return RMSNormFunction.apply(x, weight, eps)
         need_grad = torch.is_grad_enabled() and (x.requires_grad or (weight is not None and weight.requires_grad))
+        if R.eager(x):  # without a gradient to take, the launch alone: no Function, no rstd stored
+            return RMSNormFunction.apply(x, weight, eps) if need_grad else _fwd(x, weight, eps, False)[0]
         return torch.ops.normir.rmsnorm_fwd(x, weight, eps, need_grad)[0]
     return fused_norm(x, residual, weight, bias, eps, residual_dtype, out_dtype, weight_offset, prenorm)
 
@@ -311,7 +320,8 @@ def rmsnorm_bwd_ref(x, weight, dy, eps):
 
 class RMSNorm(torch.nn.Module):
     """Drop-in for torch.nn.RMSNorm over the last dimension: eps=None means the input dtype's
-    machine epsilon (torch.finfo(x.dtype).eps), as torch's."""
+    machine epsilon (torch.finfo(x.dtype).eps), as torch's; under torch.autocast("cuda") its
+    output has torch.nn.RMSNorm's dtype there (see normir.rmsnorm)."""
 
     def __init__(self, hidden_size: int, eps: float | None = 1e-6, elementwise_affine: bool = True,
                  device=None, dtype=None):

@@ -39,7 +39,11 @@ class SwappedRMSNorm(torch.nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         out = torch.promote_types(self.weight.dtype, x.dtype) if self.promote else x.dtype
-        return rmsnorm(x, self.weight, self.variance_epsilon, out_dtype=None if out == x.dtype else out,
+        # None (x's dtype, the plain kernel) unless autocast is on: the layers replaced compute in
+        # fp32 and cast themselves, so autocast does not change their dtype (as it does
+        # normir.rmsnorm's default, following torch.rms_norm).
+        explicit = out != x.dtype or torch.is_autocast_enabled()
+        return rmsnorm(x, self.weight, self.variance_epsilon, out_dtype=out if explicit else None,
                        weight_offset=self.weight_offset)
 
     def extra_repr(self) -> str:

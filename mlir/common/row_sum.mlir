@@ -26,13 +26,17 @@
         }
       }
       gpu.barrier
-      // Every warp sums the WPR warp totals itself (lane i takes total i): one register per sum,
-      // no second barrier round trip, and each warp ends with the row totals.
-      %has_part = arith.cmpi ult, %lane, %wpr : index
+      // Every warp merges the WPR warp totals itself: one register per sum, no second barrier
+      // round trip, and each warp ends with the row totals. Lane i takes total i mod WPR_P2 (the
+      // power of two >= WPR; totals past WPR: zeros), so log2(WPR_P2) butterfly steps give every
+      // lane all of them.
+      %wpr_p2 = arith.constant ${WPR_P2} : index
+      %part_id = arith.remui %lane, %wpr_p2 : index
+      %has_part = arith.cmpi ult, %part_id, %wpr : index
       %zero = arith.constant dense<0.0> : vector<${NR}xf32>
       %part = scf.if %has_part -> (vector<${NR}xf32>) {
         %p = affine.for %j = 0 to ${NR} iter_args(%a = %zero) -> (vector<${NR}xf32>) {
-          %e = memref.load %red[%j, %lane] : memref<${NR}x${WPR}xf32, #gpu.address_space<workgroup>>
+          %e = memref.load %red[%j, %part_id] : memref<${NR}x${WPR}xf32, #gpu.address_space<workgroup>>
           %a2 = vector.insert %e, %a[%j] : f32 into vector<${NR}xf32>
           affine.yield %a2 : vector<${NR}xf32>
         }

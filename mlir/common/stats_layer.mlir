@@ -10,17 +10,28 @@
   // The variance is centered, never E[x^2] - mean^2 (which loses every digit of var when
   // mean^2 >> var). The skeleton subtracts a shift first (HAS_MEAN: the row's first element, the
   // same for every thread of a row), so that the statistics see values of the row's spread, not
-  // of its offset. Each lane of a thread's vectors keeps the running mean and M2 of its shifted
-  // elements (Welford's update, normir_fwd_acc); the thread merges its lanes into one (n, mean,
-  // M2), and the block reduction and the cluster exchange merge the threads' and blocks' triples
-  // by Chan et al.'s pairwise update (normir_chan, symmetric in its two arguments, so that every
-  // lane of a butterfly gets the same bits). The forward returns the mean of the shifted row;
+  // of its offset. Each chunk's mean and M2 are computed in two passes over its registers and
+  // merged into the thread's running (mean, M2) with constant weights (normir_fwd_acc); the block
+  // reduction and the cluster exchange merge the threads' and blocks' (n, mean, M2) by Chan et
+  // al.'s pairwise update (normir_chan, symmetric in its two arguments, so that every lane of a
+  // butterfly gets the same bits; combine_chan.mlir's equal-count form where counts are equal). The forward returns the mean of the shifted row;
   // the skeleton normalizes the shifted row with it and stores mean + shift.
   // The forward's row summary is vector<3xf32> (n, mean, M2; NR = 3, merged by
   // common/combine_chan.mlir), the backward's vector<2xf32> (S1, S2; NR = 2, added). The sizes
-  // are written out, so that both halves of the piece verify in either kernel. Both directions'
-  // accumulators are ${FWD_ACC} (= ${BWD_ACC}: two vectors of V lanes, split by normir_halves).
+  // are written out, so that both halves of the piece verify in either kernel. The forward's
+  // accumulator is ${FWD_ACC} (mean, M2), the backward's ${BWD_ACC} (two vectors of V lanes, split
+  // by normir_halves).
   // Functions are internal: LLVM inlines them.
+
+  // a * b + c rounded once (math.fma would become a libdevice call on NVVM).
+  func.func private @normir_fma(%a: f32, %b: f32, %c: f32) -> f32 attributes {llvm.linkage = #llvm.linkage<internal>} {
+    %av = vector.broadcast %a : f32 to vector<1xf32>
+    %bv = vector.broadcast %b : f32 to vector<1xf32>
+    %cv = vector.broadcast %c : f32 to vector<1xf32>
+    %r = vector.fma %av, %bv, %cv : vector<1xf32>
+    %e = vector.extract %r[0] : f32 from vector<1xf32>
+    return %e : f32
+  }
 
   // Chan's update of (n, mean, M2) triples: n = na + nb, delta = mb - ma,
   // mean = (na * ma + nb * mb) / n, M2 = M2a + M2b + delta^2 * na * nb / n (n = 0: zeros).
@@ -51,59 +62,57 @@
     return %r : vector<3xf32>
   }
 
-  // Forward pass 1, Welford's update per lane: the thread's chunk k (its k + 1-th, as only a
-  // thread's last chunk can be past the row end) moves each lane's mean by delta / (k + 1) and
-  // adds delta * (x - new mean) to its M2 (the accumulator ${FWD_ACC}: V means, then V M2s).
-  // k is a constant once the chunk loop is unrolled: no division is left.
+  // Forward pass 1, per chunk: the chunk's own mean and M2 (two passes over its V values, in
+  // registers), merged into the thread's running (mean, M2) of its chunks 0..k-1 by Chan's update
+  // with the constant weights of k chunks against one (k is a constant once the chunk loop is
+  // unrolled: no division is left). Only a thread's last chunk can be past the row's end: a chunk
+  // not live leaves the accumulator (${FWD_ACC}: mean, M2) as it was.
   func.func private @normir_fwd_acc(%acc: ${FWD_ACC}, %x: vector<${V}xf32>, %live: i1, %k: index) -> ${FWD_ACC}
       attributes {llvm.linkage = #llvm.linkage<internal>} {
     %one = arith.constant 1.0 : f32
-    %one_i = arith.constant 1 : index
-    %k1 = arith.addi %k, %one_i : index
-    %k1_i = arith.index_cast %k1 : index to i32
-    %k1_f = arith.sitofp %k1_i : i32 to f32
-    %inv = arith.divf %one, %k1_f : f32
-    %inv_v = vector.broadcast %inv : f32 to vector<${V}xf32>
-    %mean, %m2 = func.call @normir_halves(%acc) : (${FWD_ACC}) -> (vector<${V}xf32>, vector<${V}xf32>)
-    %delta = arith.subf %x, %mean : vector<${V}xf32>
-    %mean_n = vector.fma %delta, %inv_v, %mean : vector<${V}xf32>
-    %d2 = arith.subf %x, %mean_n : vector<${V}xf32>
-    %m2_n = vector.fma %delta, %d2, %m2 : vector<${V}xf32>
-    %next = vector.shuffle %mean_n, %m2_n [${LANES_2V}] : vector<${V}xf32>, vector<${V}xf32>
+    %inv_v = arith.constant ${INV_V} : f32
+    %v_f = arith.constant ${V}.0 : f32
+    %sum = vector.reduction <add>, %x : vector<${V}xf32> into f32
+    %mc = arith.mulf %sum, %inv_v : f32
+    %mc_v = vector.broadcast %mc : f32 to vector<${V}xf32>
+    %d = arith.subf %x, %mc_v : vector<${V}xf32>
+    %zero = arith.constant 0.0 : f32
+    %qc = affine.for %j = 0 to ${V} iter_args(%q = %zero) -> (f32) {  // sum of d^2, an fma each
+      %dj = vector.extract %d[%j] : f32 from vector<${V}xf32>
+      %q2 = func.call @normir_fma(%dj, %dj, %q) : (f32, f32, f32) -> f32
+      affine.yield %q2 : f32
+    }
+    // Chan, na = k V, nb = V: mean += delta / (k + 1), M2 += qc + delta^2 * V k / (k + 1).
+    %k_i = arith.index_cast %k : index to i32
+    %k_f = arith.sitofp %k_i : i32 to f32
+    %k1_f = arith.addf %k_f, %one : f32
+    %w = arith.divf %one, %k1_f : f32
+    %vk = arith.mulf %v_f, %k_f : f32
+    %cw = arith.mulf %vk, %w : f32
+    %ma = vector.extract %acc[0] : f32 from ${FWD_ACC}
+    %qa = vector.extract %acc[1] : f32 from ${FWD_ACC}
+    %delta = arith.subf %mc, %ma : f32
+    %mean = func.call @normir_fma(%delta, %w, %ma) : (f32, f32, f32) -> f32
+    %dd = arith.mulf %delta, %delta : f32
+    %qs = arith.addf %qa, %qc : f32
+    %q = func.call @normir_fma(%dd, %cw, %qs) : (f32, f32, f32) -> f32
+    %merged = vector.from_elements %mean, %q : ${FWD_ACC}
+    %own = vector.from_elements %mc, %qc : ${FWD_ACC}
+    %c0 = arith.constant 0 : index
+    %first = arith.cmpi eq, %k, %c0 : index  // chunk 0: its own (mean, M2), nothing to merge
+    %next = arith.select %first, %own, %merged : ${FWD_ACC}
     %out = arith.select %live, %next, %acc : ${FWD_ACC}
     return %out : ${FWD_ACC}
   }
-  // The thread's (n, mean, M2): its V lanes, each over the `owned` chunks the thread has, merged
-  // in order (lane j into lanes 0..j-1 of equal counts: constant weights, no division).
+  // The thread's (n, mean, M2) over the `owned` chunks it has.
   func.func private @normir_fwd_sums(%acc: ${FWD_ACC}, %owned: index) -> vector<3xf32>
       attributes {llvm.linkage = #llvm.linkage<internal>} {
-    %one = arith.constant 1.0 : f32
+    %v_f = arith.constant ${V}.0 : f32
     %owned_i = arith.index_cast %owned : index to i32
     %c = arith.sitofp %owned_i : i32 to f32
-    %mean, %m2 = func.call @normir_halves(%acc) : (${FWD_ACC}) -> (vector<${V}xf32>, vector<${V}xf32>)
-    %m0 = vector.extract %mean[0] : f32 from vector<${V}xf32>
-    %q0 = vector.extract %m2[0] : f32 from vector<${V}xf32>
-    %m, %q = affine.for %j = 1 to ${V} iter_args(%ma = %m0, %qa = %q0) -> (f32, f32) {
-      %j_i = arith.index_cast %j : index to i32
-      %j_f = arith.sitofp %j_i : i32 to f32
-      %j1_f = arith.addf %j_f, %one : f32
-      %inv = arith.divf %one, %j1_f : f32  // lane j's weight, 1 / (j + 1)
-      %mb = vector.extract %mean[%j] : f32 from vector<${V}xf32>
-      %qb = vector.extract %m2[%j] : f32 from vector<${V}xf32>
-      %delta = arith.subf %mb, %ma : f32
-      %step = arith.mulf %delta, %inv : f32
-      %mn = arith.addf %ma, %step : f32
-      // M2 += qb + delta^2 * (j c) c / ((j + 1) c) = qb + delta^2 * c * j / (j + 1)
-      %jw = arith.mulf %j_f, %inv : f32
-      %cw = arith.mulf %c, %jw : f32
-      %d2 = arith.mulf %delta, %delta : f32
-      %qab = arith.addf %qa, %qb : f32
-      %cross = arith.mulf %d2, %cw : f32
-      %qn = arith.addf %qab, %cross : f32
-      affine.yield %mn, %qn : f32, f32
-    }
-    %v_f = arith.constant ${V}.0 : f32
     %n = arith.mulf %c, %v_f : f32
+    %m = vector.extract %acc[0] : f32 from ${FWD_ACC}
+    %q = vector.extract %acc[1] : f32 from ${FWD_ACC}
     %r = vector.from_elements %n, %m, %q : vector<3xf32>
     return %r : vector<3xf32>
   }
@@ -119,11 +128,14 @@
     %rstd = func.call @normir_rsqrt(%var_eps) : (f32) -> f32
     return %rstd, %mean : f32, f32
   }
-  // Forward pass 2: x_hat = (x - mean) * rstd (the weight, bias and output cast are the skeleton's).
+  // Forward pass 2: x_hat = (x - mean) * rstd = x * rstd - mean * rstd, one fma per element (x
+  // and mean are of the shifted row, of the row's spread: the product rounds as little as x's)
+  // (the weight, bias and output cast are the skeleton's).
   func.func private @normir_fwd_norm(%x: vector<${V}xf32>, %rstd_v: vector<${V}xf32>, %mean_v: vector<${V}xf32>)
       -> vector<${V}xf32> attributes {llvm.linkage = #llvm.linkage<internal>} {
-    %xc = arith.subf %x, %mean_v : vector<${V}xf32>
-    %xn = arith.mulf %xc, %rstd_v : vector<${V}xf32>
+    %mr = arith.mulf %mean_v, %rstd_v : vector<${V}xf32>
+    %neg_mr = arith.negf %mr : vector<${V}xf32>
+    %xn = vector.fma %x, %rstd_v, %neg_mr : vector<${V}xf32>
     return %xn : vector<${V}xf32>
   }
 

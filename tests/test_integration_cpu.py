@@ -1,0 +1,249 @@
+"""PyTorch integration without a GPU: the double backward's error on every autograd path (the
+eager Functions and the custom ops' registered autograd, with the launches replaced by float32
+torch math on CPU tensors), and the output dtypes under torch.autocast("cuda") against torch's own
+norms on fake CUDA tensors (the dispatcher applies autocast's casts to them as to real ones).
+tests/test_gpu_integration.py runs the same on the GPU, with torch.compile and CUDA graphs."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import normir
+from normir.ops import _fused, _rows, fused_add_rmsnorm, layernorm, rmsnorm
+
+pytestmark = pytest.mark.cpu
+
+F32, F16, BF16 = torch.float32, torch.float16, torch.bfloat16
+
+# ---------------------------------------------------------------------------- launches on the CPU
+
+
+def _rms_fwd(x, weight, eps, store_rstd):
+    with torch.no_grad():
+        rstd = torch.rsqrt(x.float().pow(2).mean(-1) + eps)
+        y = x.float() * rstd[..., None] * (weight.float() if weight is not None else 1.0)
+        return y.to(x.dtype), (rstd if store_rstd else None)
+
+
+def _rms_bwd(x, weight, dy, rstd, atomic_dw):
+    with torch.no_grad():  # the kernels' outputs have no autograd history
+        xh = x.float() * rstd[..., None]
+        wdy = dy.float() * (weight.float() if weight is not None else 1.0)
+        dx = (wdy - xh * (xh * wdy).mean(-1, keepdim=True)) * rstd[..., None]
+        dw = (dy.float() * xh).reshape(-1, x.shape[-1]).sum(0).to(weight.dtype) if weight is not None else None
+        return dx.to(x.dtype), dw
+
+
+def _launch_fwd(x, residual, weight, bias, eps, residual_dtype, out_dtype, weight_offset, store_rstd, store_residual,
+                kernel):
+    with torch.no_grad():
+        h = (x.float() + residual.float()).to(residual_dtype or residual.dtype) if residual is not None else x
+        hf, mean = h.float(), None
+        if kernel.startswith("layernorm"):
+            mean = hf.mean(-1)
+            hf = hf - mean[..., None]
+        rstd = torch.rsqrt(hf.pow(2).mean(-1) + eps)
+        y = hf * rstd[..., None]
+        if weight is not None:
+            y = y * (weight.float() + weight_offset)
+        if bias is not None:
+            y = y + bias.float()
+        stored = residual is not None and store_residual
+        return (y.to(out_dtype or x.dtype), h if stored else None, rstd if store_rstd else None,
+                mean if store_rstd else None)
+
+
+def _launch_bwd(dy, residual_out, weight, rstd, d_residual_out, bias_dtype, weight_offset, dx_dtype, dres_dtype,
+                atomic=False, *, kernel, mean=None):
+    with torch.no_grad():
+        hh = (residual_out.float() - (mean[..., None] if mean is not None else 0.0)) * rstd[..., None]
+        wdy = dy.float() * ((weight.float() + weight_offset) if weight is not None else 1.0)
+        c2 = (hh * wdy).mean(-1, keepdim=True)
+        c1 = wdy.mean(-1, keepdim=True) if mean is not None else 0.0
+        dh = (wdy - c1 - hh * c2) * rstd[..., None]
+        if d_residual_out is not None:
+            dh = dh + d_residual_out.float()
+        rows = (-1, residual_out.shape[-1])
+        dx = dh.to(dx_dtype or residual_out.dtype)
+        dres = dh.to(dres_dtype) if dres_dtype is not None and dres_dtype != dx.dtype else None
+        dw = (dy.float() * hh).reshape(rows).sum(0).to(weight.dtype) if weight is not None else None
+        db = dy.float().reshape(rows).sum(0).to(bias_dtype) if bias_dtype is not None else None
+        return dx, dres, dw, db
+
+
+@pytest.fixture
+def cpu_launches(monkeypatch):
+    """Every launch the autograd paths make, as CPU torch math (no checks: they need CUDA tensors)."""
+    monkeypatch.setattr(rmsnorm, "_fwd", _rms_fwd)
+    monkeypatch.setattr(rmsnorm, "_bwd", _rms_bwd)
+    for module in (_fused, fused_add_rmsnorm, layernorm):
+        monkeypatch.setattr(module, "launch_fwd", _launch_fwd)
+        monkeypatch.setattr(module, "launch_bwd", _launch_bwd)
+
+
+# ---------------------------------------------------------------------------- double backward
+
+# Each autograd path: the eager Functions (RMSNormFunction, FusedNormFunction for both kernels)
+# and the custom ops' registered autograd (what torch.compile traces). f(x, residual, weight, bias) -> y.
+PATHS = {
+    "rmsnorm": lambda x, r, w, b: normir.rmsnorm(x, w),
+    "rmsnorm_fwd op": lambda x, r, w, b: torch.ops.normir.rmsnorm_fwd(x, w, 1e-6, True)[0],
+    "fused_add_rmsnorm": lambda x, r, w, b: normir.fused_add_rmsnorm(x, r, w, bias=b)[0],
+    "fused_add_rmsnorm_fwd op": lambda x, r, w, b: torch.ops.normir.fused_add_rmsnorm_fwd(
+        x, r, w, b, 1e-6, None, None, 0.0, True, True)[0],
+    "layernorm": lambda x, r, w, b: normir.layernorm(x, w, b),
+    "fused_add_layernorm": lambda x, r, w, b: normir.fused_add_layernorm(x, r, w, b)[0],
+    "layernorm_fwd op": lambda x, r, w, b: torch.ops.normir.layernorm_fwd(x, r, w, b, 1e-5, None, None, True,
+                                                                          True)[0],
+}
+
+
+def _inputs(n=16):
+    gen = torch.Generator().manual_seed(0)
+    x, r = (torch.randn(3, 5, n, generator=gen).requires_grad_(True) for _ in range(2))
+    w = (torch.randn(n, generator=gen) + 1).requires_grad_(True)
+    b = torch.randn(n, generator=gen).requires_grad_(True)
+    return x, r, w, b
+
+
+@pytest.mark.parametrize("path", sorted(PATHS))
+def test_double_backward_raises_naming_the_fix(cpu_launches, path):
+    x, r, w, b = _inputs()
+    f = PATHS[path]
+    first = torch.autograd.grad(f(x, r, w, b).sum(), (x, w))
+    # create_graph=True: the same first derivatives; y.sum()'s dy does not require grad (the case
+    # torch's once_differentiable lets through, dropping the second-order terms silently).
+    grads = torch.autograd.grad(f(x, r, w, b).sum(), (x, w), create_graph=True)
+    for g, want in zip(grads, first):
+        assert torch.equal(g.detach(), want) and g.requires_grad
+    torch_op = "layer_norm" if "layer" in path else "rms_norm"
+    with pytest.raises(RuntimeError, match=rf"has no double backward: normir's kernels compute first derivatives "
+                                           rf"only.*use torch's own torch\.nn\.functional\.{torch_op}"):
+        (grads[0].pow(2).sum() + grads[1].pow(2).sum()).backward()
+
+
+def test_backward_ops_outputs_do_not_alias(cpu_launches):
+    # No weight, bias or second gradient dtype: three absent outputs, each its own empty tensor
+    # (torch refuses a custom op whose outputs alias; torch.compile's backward calls these ops).
+    x, rstd, mean = torch.randn(4, 16), torch.rand(4) + 0.5, torch.randn(4)
+    outs = torch.ops.normir.layernorm_bwd(x, x, None, mean, rstd, None, None, None, None)
+    outs += torch.ops.normir.fused_add_rmsnorm_bwd(x, x, None, rstd, None, None, 0.0, None, None)
+    assert [t.shape for t in outs] == [(4, 16), (0,), (0,), (0,)] * 2
+    assert len({t.untyped_storage()._cdata for t in outs}) == len(outs)
+
+
+@pytest.mark.parametrize("path", sorted(PATHS))
+def test_create_graph_elsewhere_still_works(cpu_launches, path):
+    # A second derivative that does not pass through normir's gradients is not refused.
+    x, r, w, b = _inputs()
+    v = torch.randn(4, requires_grad=True)
+    loss = PATHS[path](x, r, w, b).sum() + v.pow(3).sum()
+    gx, gv = torch.autograd.grad(loss, (x, v), create_graph=True)
+    (hv,) = torch.autograd.grad(gv.sum(), v)
+    assert torch.allclose(hv, 6 * v.detach())
+
+
+def test_first_derivatives_unchanged_by_create_graph(cpu_launches):
+    # The first derivatives themselves (through the guard) match float64 torch math.
+    x, r, w, b = _inputs()
+    y, h = normir.fused_add_rmsnorm(x, r, w, bias=b)
+    dy, dh = torch.randn_like(y), torch.randn_like(h)
+    got = torch.autograd.grad((y, h), (x, r, w, b), (dy, dh), create_graph=True)
+    xd, rd, wd, bd = (t.detach().double().requires_grad_(True) for t in (x, r, w, b))
+    hd = xd + rd
+    yd = hd * torch.rsqrt(hd.pow(2).mean(-1, keepdim=True) + 1e-6) * wd + bd
+    want = torch.autograd.grad((yd, hd), (xd, rd, wd, bd), (dy.double(), dh.double()))
+    for g, e in zip(got, want):
+        assert torch.allclose(g.double(), e, rtol=1e-4, atol=1e-4)
+
+
+# ---------------------------------------------------------------------------- autocast
+
+DTYPES = (F32, F16, BF16)
+
+
+@pytest.fixture
+def cuda_autocast():
+    """torch.autocast("cuda")'s state, set directly (torch.autocast itself turns off without a GPU)."""
+    torch.set_autocast_enabled("cuda", True)
+    try:
+        yield
+    finally:
+        torch.set_autocast_enabled("cuda", False)
+
+
+def test_autocast_policy_read_from_torch():
+    assert _rows.AUTOCAST_FP32["layernorm"]  # on autocast's fp32 list in every torch normir supports
+    assert _rows.AUTOCAST_FP32["rmsnorm"] == torch._C._dispatch_has_kernel_for_dispatch_key("aten::rms_norm",
+                                                                                            "AutocastCUDA")
+    assert _rows.autocast_out_dtype("layernorm", 1.0) is None  # not a tensor: the checks report it later
+
+
+@pytest.mark.parametrize("wdt", DTYPES + (None,))
+@pytest.mark.parametrize("xdt", DTYPES)
+def test_autocast_dtypes_follow_torch(fake, cuda_autocast, xdt, wdt):
+    n = 256
+    x = fake((2, 3, n), xdt)
+    w = fake((n,), wdt) if wdt is not None else None
+    b = fake((n,), wdt) if wdt is not None else None
+    r = fake((2, 3, n), xdt)
+    assert torch.is_autocast_enabled()
+    want = torch.rms_norm(x, (n,), w, 1e-6).dtype
+    assert normir.rmsnorm(x, w, 1e-6).dtype == want
+    assert normir.rmsnorm(x, w, 1e-6, prenorm=True)[0].dtype == want  # the general form
+    want = torch.nn.functional.layer_norm(x, (n,), w, b).dtype
+    assert normir.layernorm(x, w, b).dtype == want
+    # The fused adds: torch's norm of h = x + residual (autocast leaves the add alone); residual_out
+    # stays in the residual's dtype.
+    h = x + r
+    y, res = normir.fused_add_rmsnorm(x, r, w)
+    assert (y.dtype, res.dtype) == (torch.rms_norm(h, (n,), w, 1e-6).dtype, xdt)
+    y, res = normir.fused_add_layernorm(x, r, w, b)
+    assert (y.dtype, res.dtype) == (torch.nn.functional.layer_norm(h, (n,), w, b).dtype, xdt)
+    # An explicit out_dtype is kept.
+    assert normir.rmsnorm(x, w, 1e-6, out_dtype=BF16).dtype == BF16
+    assert normir.layernorm(x, w, b, out_dtype=F16).dtype == F16
+
+
+@pytest.mark.parametrize("xdt, pdt", [(F32, F32), (BF16, BF16), (BF16, F32), (F16, F32)])
+def test_autocast_modules_follow_torch(fake, cuda_autocast, xdt, pdt):
+    n = 256
+    x = fake((4, n), xdt)
+    kw = dict(device="cuda", dtype=pdt)
+    assert normir.RMSNorm(n, 1e-6, **kw)(x).dtype == torch.nn.RMSNorm(n, 1e-6, **kw)(x).dtype
+    assert normir.LayerNorm(n, **kw)(x).dtype == torch.nn.LayerNorm(n, **kw)(x).dtype
+    assert normir.LayerNorm(n, elementwise_affine=False, **kw)(x).dtype == F32
+    y, res = normir.FusedAddLayerNorm(n, **kw)(x, x)
+    assert (y.dtype, res.dtype) == (F32, xdt)
+
+
+@pytest.mark.parametrize("xdt, pdt", [(BF16, BF16), (BF16, F32), (F32, BF16)])
+def test_autocast_leaves_swapped_hugging_face_norms_alone(fake, cuda_autocast, xdt, pdt):
+    # Hugging Face's RMSNorms compute in fp32 and cast themselves: autocast does not change their
+    # dtype, nor that of the SwappedRMSNorm replace_norms puts in their place.
+    from test_swap_cpu import GemmaRMSNorm, LlamaRMSNorm
+
+    x = fake((4, 256), xdt)
+    for cls in (LlamaRMSNorm, GemmaRMSNorm):
+        model = torch.nn.Sequential(cls(256, device="cuda", dtype=pdt))
+        want = model(x).dtype
+        normir.replace_norms(model, probe=False)
+        assert type(model[0]).__name__ == "SwappedRMSNorm" and model(x).dtype == want, cls.__name__
+
+
+def test_autocast_rmsnorm_before_torch_2_12(fake, cuda_autocast, monkeypatch):
+    # Without an autocast rule for aten::rms_norm (torch 2.11 and earlier), RMSNorm's y keeps x's
+    # dtype, as torch's rms_norm does there; LayerNorm's is float32 all the same.
+    monkeypatch.setitem(_rows.AUTOCAST_FP32, "rmsnorm", False)
+    x, w = fake((4, 256), BF16), fake((256,), F32)
+    assert normir.rmsnorm(x, w).dtype == BF16 and normir.RMSNorm(256, device="cuda")(x).dtype == BF16
+    assert normir.fused_add_rmsnorm(x, x, w)[0].dtype == BF16
+    assert normir.layernorm(x, w, w).dtype == F32
+
+
+def test_outside_autocast_nothing_changes(fake):
+    x, w = fake((4, 256), BF16), fake((256,), F32)
+    assert not torch.is_autocast_enabled()
+    assert normir.rmsnorm(x, w).dtype == BF16 and normir.layernorm(x, w, w).dtype == BF16
+    assert normir.RMSNorm(256, device="cuda")(x).dtype == BF16
