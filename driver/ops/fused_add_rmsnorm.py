@@ -37,7 +37,7 @@ FWD, BWD = "fused_add_rmsnorm_fwd", "fused_add_rmsnorm_bwd"
 # ---------------------------------------------------------------------------- custom ops
 
 
-@torch.library.custom_op("normir::fused_add_rmsnorm_fwd", mutates_args=())
+@R.custom_op("fused_add_rmsnorm_fwd")
 def _fwd_op(x: torch.Tensor, residual: torch.Tensor | None, weight: torch.Tensor | None, bias: torch.Tensor | None,
             eps: float, residual_dtype: torch.dtype | None, out_dtype: torch.dtype | None, weight_offset: float,
             store_rstd: bool, store_residual: bool) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -57,7 +57,7 @@ def _(x, residual, weight, bias, eps, residual_dtype, out_dtype, weight_offset, 
     return y, res_out, R.stat_out(x, store_rstd)
 
 
-@torch.library.custom_op("normir::fused_add_rmsnorm_bwd", mutates_args=())
+@R.custom_op("fused_add_rmsnorm_bwd")
 def _bwd_op(dy: torch.Tensor, residual_out: torch.Tensor, weight: torch.Tensor | None, rstd: torch.Tensor,
             d_residual_out: torch.Tensor | None, bias_dtype: torch.dtype | None, weight_offset: float,
             dx_dtype: torch.dtype | None, dres_dtype: torch.dtype | None

@@ -40,7 +40,7 @@ def _check_mean(mean, h, name="residual_out"):
 # ---------------------------------------------------------------------------- custom ops
 
 
-@torch.library.custom_op("normir::layernorm_fwd", mutates_args=())
+@R.custom_op("layernorm_fwd")
 def _fwd_op(x: torch.Tensor, residual: torch.Tensor | None, weight: torch.Tensor | None, bias: torch.Tensor | None,
             eps: float, residual_dtype: torch.dtype | None, out_dtype: torch.dtype | None, store_stats: bool,
             store_residual: bool) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -60,7 +60,7 @@ def _(x, residual, weight, bias, eps, residual_dtype, out_dtype, store_stats, st
     return y, res_out, R.stat_out(x, store_stats), R.stat_out(x, store_stats)
 
 
-@torch.library.custom_op("normir::layernorm_bwd", mutates_args=())
+@R.custom_op("layernorm_bwd")
 def _bwd_op(dy: torch.Tensor, residual_out: torch.Tensor, weight: torch.Tensor | None, mean: torch.Tensor,
             rstd: torch.Tensor, d_residual_out: torch.Tensor | None, bias_dtype: torch.dtype | None,
             dx_dtype: torch.dtype | None, dres_dtype: torch.dtype | None

@@ -166,7 +166,7 @@ def _bwd_launch(p: R.Plan, dev: int, x: torch.Tensor, w: torch.Tensor | None, at
 # ---------------------------------------------------------------------------- custom ops
 
 
-@torch.library.custom_op("normir::rmsnorm_fwd", mutates_args=())
+@R.custom_op("rmsnorm_fwd")
 def _fwd_op(x: torch.Tensor, weight: torch.Tensor | None, eps: float, store_rstd: bool) -> tuple[torch.Tensor, torch.Tensor]:
     """(y, rstd); rstd has shape x.shape[:-1] when store_rstd, else (0,)."""
     y, rstd = _fwd(x, weight, eps, store_rstd)
@@ -181,7 +181,7 @@ def _(x, weight, eps, store_rstd):
     return torch.empty_like(x), R.stat_out(x, store_rstd)
 
 
-@torch.library.custom_op("normir::rmsnorm_bwd", mutates_args=())
+@R.custom_op("rmsnorm_bwd")
 def _bwd_op(x: torch.Tensor, weight: torch.Tensor | None, dy: torch.Tensor, rstd: torch.Tensor,
             atomic_dw: bool) -> tuple[torch.Tensor, torch.Tensor]:
     """(dx, dw); dw has the weight's shape and dtype, or shape (0,) without a weight."""
