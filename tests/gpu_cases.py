@@ -326,14 +326,14 @@ SWAP_N = 256  # test_gpu_swap.py's hidden size
 
 def swap_specializations() -> list[dict]:
     """What test_gpu_swap.py launches: the probes (bf16, no gradient), then the swapped model's
-    forward and backward: Llama's RMSNorm (eps 1e-6), torch.nn.RMSNorm (eps None: bf16's), torch's
+    forward and backward: Llama's RMSNorm (eps 1e-6), torch.nn.RMSNorm (eps None: float32's), torch's
     LayerNorm (a bias, eps 1e-5), Gemma's RMSNorm (weight offset 1), and the probe of Cohere's LayerNorm (eps 1e-5) that
     keeps it."""
-    n, bf16_eps = SWAP_N, 0.0078125
+    n, none_eps = SWAP_N, 1.1920928955078125e-07  # torch.nn.RMSNorm(eps=None): float32's epsilon
     plan: list[dict] = []
     plan.append(_fwd(n, "bf16", "bf16", eps=1e-5, store_rstd=False))  # the probe of Cohere's LayerNorm, refused
     for store in (False, True):
-        plan += [_fwd(n, "bf16", "bf16", store_rstd=store), _fwd(n, "bf16", "bf16", eps=bf16_eps, store_rstd=store),
+        plan += [_fwd(n, "bf16", "bf16", store_rstd=store), _fwd(n, "bf16", "bf16", eps=none_eps, store_rstd=store),
                  layer_fwd(n, "bf16", b="bf16", store_rstd=store),
                  fused_fwd(n, "bf16", offset=1.0, store_rstd=store)]
     plan += _bwd(n, "bf16", "bf16") + layer_bwd(n, "bf16", b="bf16") + fused_bwd(n, "bf16", offset=1.0)

@@ -64,3 +64,14 @@ def test_probe_swaps_the_same_formulas_and_keeps_others():
     y_ref.float().square().mean().backward()
     for (name, p), q in zip(model.named_parameters(), ref.parameters()):
         assert p.grad is not None and rel_err(p.grad, q.grad) <= 3 * TOL[torch.bfloat16], name
+
+
+def test_rmsnorm_eps_none_matches_torch_on_small_rows():
+    # torch.nn.RMSNorm(eps=None) adds float32's epsilon for bf16 input too: on rows of mean square
+    # 1e-4, bf16's epsilon (0.0078) would give 0.11 instead of 1.
+    x = torch.full((3, SWAP_N), 0.01, device="cuda", dtype=torch.bfloat16)
+    x = x + 1e-3 * torch.randn_like(x)
+    ours = normir.RMSNorm(SWAP_N, eps=None, device="cuda", dtype=torch.bfloat16)
+    theirs = torch.nn.RMSNorm(SWAP_N, eps=None, device="cuda", dtype=torch.bfloat16)
+    with torch.no_grad():
+        assert rel_err(ours(x), theirs(x)) <= TOL[torch.bfloat16]

@@ -100,7 +100,9 @@ def test_meta_device_and_eps_none():
         normir.RMSNorm((2, 4))
 
 
-def test_eps_none_is_the_dtype_eps(monkeypatch, fake):
+def test_eps_none_is_torch_rms_norms_fp32_eps(monkeypatch, fake):
+    # torch.rms_norm with eps=None adds float32's epsilon for 16-bit inputs too (its fp32 math's),
+    # not the input dtype's (checked on an H200, torch 2.11: rows of 0.01 in bf16 give 1.0).
     seen = []
     import normir.ops.rmsnorm as rms
 
@@ -111,7 +113,13 @@ def test_eps_none_is_the_dtype_eps(monkeypatch, fake):
     monkeypatch.setattr(rms, "rmsnorm", spy)
     normir.RMSNorm(8, eps=None, device="cuda", dtype=torch.bfloat16)(fake((2, 8)))
     normir.RMSNorm(8, eps=None, device="cuda")(fake((2, 8), torch.float32))
-    assert seen == [torch.finfo(torch.bfloat16).eps, torch.finfo(torch.float32).eps]
+    assert seen == [torch.finfo(torch.float32).eps] * 2
+
+
+def test_torch_rms_norm_eps_none_is_fp32_eps():
+    # The rule above is torch's own (here on the CPU): a bf16 row of 0.01 normalizes to 1.
+    x = torch.full((2, 8), 0.01, dtype=torch.bfloat16)
+    assert torch.equal(torch.rms_norm(x, (8,), None, None), torch.rms_norm(x, (8,), None, torch.finfo(torch.float32).eps))
 
 
 def test_a_hugging_face_llama():

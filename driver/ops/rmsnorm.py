@@ -318,10 +318,15 @@ def rmsnorm_bwd_ref(x, weight, dy, eps):
 # ---------------------------------------------------------------------------- module
 
 
+FP32_EPS = torch.finfo(torch.float32).eps  # torch.rms_norm's eps=None: its opmath type's epsilon
+
+
 class RMSNorm(torch.nn.Module):
-    """Drop-in for torch.nn.RMSNorm over the last dimension: eps=None means the input dtype's
-    machine epsilon (torch.finfo(x.dtype).eps), as torch's; under torch.autocast("cuda") its
-    output has torch.nn.RMSNorm's dtype there (see normir.rmsnorm)."""
+    """Drop-in for torch.nn.RMSNorm over the last dimension: eps=None means what torch.rms_norm
+    takes then, the machine epsilon of its fp32 math (float32's, 1.19e-7, for float16, bfloat16
+    and float32 inputs alike; torch's docs say the input dtype's, its code and an H200 with
+    torch 2.11 say float32's); under torch.autocast("cuda") its output has torch.nn.RMSNorm's
+    dtype there (see normir.rmsnorm)."""
 
     def __init__(self, hidden_size: int, eps: float | None = 1e-6, elementwise_affine: bool = True,
                  device=None, dtype=None):
@@ -338,7 +343,7 @@ class RMSNorm(torch.nn.Module):
                                 if elementwise_affine else None)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return rmsnorm(x, self.weight, self.eps if self.eps is not None else torch.finfo(x.dtype).eps)
+        return rmsnorm(x, self.weight, self.eps if self.eps is not None else FP32_EPS)
 
     def extra_repr(self) -> str:
         return f"{self.normalized_shape}, eps={self.eps}, elementwise_affine={self.elementwise_affine}"

@@ -5,7 +5,7 @@ state stays valid) and giving the same output dtype as the layer it replaces. Be
 new module runs beside the old one on a probe input (on the layer's GPU); a mismatch keeps the old
 layer and says why. The rules are data (RULES): which layers they match and what they build.
 
-    torch.nn.RMSNorm       -> normir.RMSNorm (eps None: the input dtype's eps, as torch)
+    torch.nn.RMSNorm       -> normir.RMSNorm (eps None: float32's eps, as torch.rms_norm)
     torch.nn.LayerNorm     -> normir.LayerNorm (one normalized dimension)
     Hugging Face RMSNorms  -> SwappedRMSNorm: a 1-D `weight` and a float `variance_epsilon`
                               (LlamaRMSNorm, Qwen2RMSNorm, MistralRMSNorm, ...): y =
