@@ -12,8 +12,11 @@ Everything runs in one process, on one GPU, on the same inputs:
 - LayerNorm with a weight and a bias (``ln_fwd``, ``ln_bwd``), bf16 x, weight and bias, eps 1e-5,
   and its fused residual add (``add_ln_fwd``, ``add_ln_bwd``): h = x + residual, y = layernorm(h) *
   w + b, returning (y, h); the backward from dy and d_residual_out gives dx (= dresidual), dw, db;
-- small-M rows (N=4096, M in 1, 16, 128): host-visible microseconds per forward call, a wall clock
-  over many back-to-back calls followed by one synchronize (host overhead + launch).
+- small-M rows (N=4096, M in 1, 16, 128; with ``fwd`` in --ops): host-visible microseconds per
+  call, a wall clock over many back-to-back calls followed by one synchronize (host overhead +
+  launch), for each op of SMALL_OPS: the forward (normir's ``rmsnorm_fwd``), the autograd path's
+  forward (a weight that requires grad), forward + backward through autograd, and the other
+  forwards; normir over torch eager per row.
 
 Providers (``PROVIDERS`` below; a peer whose import fails is skipped with the reason printed):
 normir (``rmsnorm_fwd``; backward as one ``rmsnorm_bwd`` call, dx + dw), normir-atomic (the same
@@ -85,6 +88,10 @@ COPY_ELEMS = 1 << 28
 SMALL_N = 4096
 SMALL_MS = (1, 16, 128)
 SMALL_CALLS = 2000
+# Host-visible time of small calls, per op: fwd (normir: rmsnorm_fwd, the *_fwd function; peers:
+# their forward), fwd_grad (the autograd path: a forward recording a graph for a weight that
+# requires grad), fwdbwd (forward and backward through autograd), and each other forward.
+SMALL_OPS = ("fwd", "fwd_grad", "fwdbwd", "add_fwd", "ln_fwd", "add_ln_fwd")
 DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
 OPS = ("fwd", "bwd", "fwdbwd", "add_fwd", "add_bwd", "ln_fwd", "ln_bwd", "add_ln_fwd", "add_ln_bwd")
 BYTES_PER_ELEM = {"fwd": 2, "bwd": 3, "fwdbwd": 5, "add_fwd": 4, "add_bwd": 4,  # M x N tensors each op moves
@@ -132,7 +139,8 @@ def provider(name: str, fn: Fn | None = None, add: AddFn | None = None, ln: LnFn
     setups in ops taking their place where given."""
     made: dict[str, Setup] = {}
     if fn is not None:
-        made.update(fwd=forward(fn), bwd=autograd_bwd(fn), fwdbwd=autograd_fwdbwd(fn))
+        made.update(fwd=forward(fn), fwd_grad=autograd_forward(fn), bwd=autograd_bwd(fn),
+                    fwdbwd=autograd_fwdbwd(fn))
     if add is not None:
         made.update(add_fwd=add_forward(add), add_bwd=add_autograd_bwd(add))
     if ln is not None:
@@ -160,6 +168,16 @@ def autograd_bwd(fn: Fn) -> Setup:
         xr, wr = _leaves(t.x, t.w)
         y = fn(xr, wr, EPS)
         return lambda: torch.autograd.grad(y, [xr, wr], t.dy, retain_graph=True)
+
+    return setup
+
+
+def autograd_forward(fn: Fn) -> Setup:
+    """A differentiable fn's forward on leaves that require grad: the autograd path, graph recorded."""
+
+    def setup(t: Inputs):
+        xr, wr = _leaves(t.x, t.w)
+        return lambda: fn(xr, wr, EPS)
 
     return setup
 
@@ -308,6 +326,7 @@ def load_normir() -> list[Provider]:
 
     return [
         Provider("normir", {"fwd": forward(lambda x, w, eps: normir.rmsnorm_fwd(x, w, eps)[0]),
+                            "fwd_grad": autograd_forward(normir.rmsnorm),
                             "bwd": normir_bwd(False), "fwdbwd": autograd_fwdbwd(normir.rmsnorm),
                             "add_fwd": normir_add_fwd, "add_bwd": normir_add_bwd(False),
                             "ln_fwd": normir_ln_fwd, "ln_bwd": normir_ln_bwd(False),
@@ -557,25 +576,30 @@ def host_us(fn: Callable[[], Any], calls: int = SMALL_CALLS) -> float:
     return (time.perf_counter() - t0) / calls * 1e6
 
 
-def small_row(providers: list[Provider], m: int, dtype: torch.dtype, rounds: int) -> dict[str, Any]:
-    """Host-visible us per forward call of every provider on one m x SMALL_N shape: the median of
-    `rounds` rotated rounds."""
-    x = torch.randn(m, SMALL_N, device="cuda", dtype=dtype)
-    t = Inputs(x=x, residual=None, w=torch.randn(SMALL_N, device="cuda", dtype=dtype), dy=None, dh=None)
-    fwd = {p.name: p.ops["fwd"] for p in providers if "fwd" in p.ops}
-    us, us_rounds, errors = in_rounds(list(fwd), rounds, lambda name: host_us(fwd[name](t)))
-    return {"M": m, "N": SMALL_N, "calls": SMALL_CALLS, "us": us, "us_rounds": us_rounds, "errors": errors}
+def small_row(providers: list[Provider], op: str, m: int, dtype: torch.dtype, rounds: int) -> dict[str, Any]:
+    """Host-visible us per call of `op` for every provider that has it, on one m x SMALL_N
+    shape: the median of `rounds` rotated rounds."""
+    def rnd(*shape):
+        return torch.randn(*shape, device="cuda", dtype=dtype)
+
+    t = Inputs(x=rnd(m, SMALL_N), residual=rnd(m, SMALL_N), w=rnd(SMALL_N), dy=rnd(m, SMALL_N),
+               dh=rnd(m, SMALL_N), b=rnd(SMALL_N))
+    fns = {p.name: p.ops[op] for p in providers if op in p.ops}
+    us, us_rounds, errors = in_rounds(list(fns), rounds, lambda name: host_us(fns[name](t)))
+    return {"op": op, "M": m, "N": SMALL_N, "calls": SMALL_CALLS, "us": us, "us_rounds": us_rounds,
+            "errors": errors}
 
 
 def measure_small(providers: list[Provider], dtype: torch.dtype, rounds: int) -> list[dict[str, Any]]:
     rows = []
-    for m in SMALL_MS:
-        row = small_row(providers, m, dtype, rounds)
-        print(f"small      {m}x{SMALL_N}: " + " | ".join(f"{k} {fmt(v, 1)}" for k, v in row["us"].items()) + " us",
-              flush=True)
-        for k, err in row["errors"].items():
-            print(f"    {k}: {err}", flush=True)
-        rows.append(row)
+    for op in SMALL_OPS:
+        for m in SMALL_MS:
+            row = small_row(providers, op, m, dtype, rounds)
+            print(f"small {op:10s} {m}x{SMALL_N}: " + " | ".join(f"{k} {fmt(v, 1)}" for k, v in row["us"].items())
+                  + " us", flush=True)
+            for k, err in row["errors"].items():
+                print(f"    {k}: {err}", flush=True)
+            rows.append(row)
     torch.cuda.empty_cache()
     return rows
 
@@ -637,10 +661,18 @@ def op_table(op: str, rows: list[dict[str, Any]], copy_gbps: float, peers: set[s
 
 
 def small_table(rows: list[dict[str, Any]]) -> str:
-    names = list(dict.fromkeys(k for r in rows for k in r["us"]))
-    body = [[f"{r['M']}x{r['N']}", *(fmt(r["us"].get(k), 1) for k in names)] for r in rows]
-    return (f"small M, fwd (host-visible us per call over {SMALL_CALLS} calls, median of the rounds)\n"
-            + table(["M x N", *names], body))
+    """Per op, host-visible us per call, and normir's over torch eager's."""
+    parts = []
+    for op in dict.fromkeys(r.get("op", "fwd") for r in rows):
+        mine = [r for r in rows if r.get("op", "fwd") == op]
+        names = list(dict.fromkeys(k for r in mine for k in r["us"]))
+        body = [[f"{r['M']}x{r['N']}", *(fmt(r["us"].get(k), 1) for k in names),
+                 fmt(r["us"]["normir"] / r["us"]["torch"], 2) if r["us"].get("normir") and r["us"].get("torch")
+                 else "n/a"]
+                for r in mine]
+        parts.append(f"small M, {op} (host-visible us per call over {SMALL_CALLS} calls, median of the rounds)\n"
+                     + table(["M x N", *names, "normir/torch"], body))
+    return "\n\n".join(parts)
 
 
 def summary(data: dict[str, Any], peers: set[str]) -> str:

@@ -72,9 +72,10 @@ def test_by_round_pairs_each_round():
 def test_a_provider_offers_every_op_of_its_functions():
     p = bench.provider("peer", lambda x, w, eps: x, lambda x, r, w, eps: (x, r), lambda x, w, b, eps: x,
                        lambda x, r, w, b, eps: (x, r))
-    assert set(p.ops) == set(bench.OPS) and p.is_peer
+    assert set(p.ops) == set(bench.OPS) | {"fwd_grad"} and p.is_peer
     rms = bench.provider("peer", lambda x, w, eps: x, lambda x, r, w, eps: (x, r))
-    assert set(rms.ops) == {"fwd", "bwd", "fwdbwd", "add_fwd", "add_bwd"}
+    assert set(rms.ops) == {"fwd", "fwd_grad", "bwd", "fwdbwd", "add_fwd", "add_bwd"}
+    assert set(bench.SMALL_OPS) <= set(p.ops)
     ln = bench.provider("peer", ln=lambda x, w, b, eps: x)
     assert set(ln.ops) == {"ln_fwd", "ln_bwd"}  # no fused-add LayerNorm: those rows leave it out
     only = bench.provider("normir-x", add=lambda x, r, w, eps: (x, r), fwd=lambda t: lambda: None)
@@ -200,3 +201,18 @@ def test_normir_layernorm_setups_call_the_backward_directly(monkeypatch):
         assert calls.pop() == ("fused_add_layernorm_bwd", t.dy, "h", t.w, "mean", "rstd", t.dh, True, atomic)
     bench.normir_add_ln_fwd(t)()
     assert calls.pop() == ("fused_add_layernorm_fwd", t.x, t.residual, t.w, t.b, eps, False)
+
+
+def test_small_calls_table_per_op_with_normir_over_torch():
+    rows = [{"op": op, "M": m, "N": 4096, "us": {"normir": 10.0 * k, "torch": 20.0, "quack": None}}
+            for k, op in enumerate(("fwd", "fwd_grad"), 1) for m in (1, 16)]
+    text = bench.small_table(rows)
+    assert text.count("small M, fwd ") == 1 and text.count("small M, fwd_grad ") == 1
+    fwd, grad = text.split("\n\n")
+    assert "normir/torch" in fwd and " 0.50" in fwd and " 1.00" in grad and "n/a" in fwd  # quack failed
+
+
+def test_the_autograd_forward_records_a_graph():
+    t = bench.Inputs(x=torch.randn(2, 8), residual=None, w=torch.randn(8), dy=None, dh=None)
+    y = bench.autograd_forward(lambda x, w, eps: x * w)(t)()
+    assert y.requires_grad and y.grad_fn is not None and not t.x.requires_grad  # on leaves, not the inputs
