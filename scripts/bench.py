@@ -740,7 +740,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--out", default=".", help="folder for bench.json and bench.png (default: .)")
     ap.add_argument("--quick", action="store_true", help=f"only N in {QUICK_NS}")
     ap.add_argument("--peers-dir", help="folder added with site.addsitedir before importing the peers")
-    ap.add_argument("--ops", default="fwd,bwd", help=f"comma list out of {','.join(OPS)} (default: fwd,bwd)")
+    ap.add_argument("--ops", default="fwd,bwd",
+                    help=f"comma list out of {','.join(OPS)}, and small: the small-M rows alone (fwd runs them "
+                         "too) (default: fwd,bwd)")
     ap.add_argument("--dtype", default="bf16", choices=sorted(DTYPES), help="x and weight dtype (default: bf16)")
     ap.add_argument("--rounds", type=int, default=3,
                     help="rounds per shape, each over every provider in a rotated order; the median is kept (default: 3)")
@@ -748,9 +750,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     if args.rounds < 1:
         ap.error(f"--rounds {args.rounds}: give at least 1")
     args.ops = [o.strip() for o in args.ops.split(",") if o.strip()]
-    bad = [o for o in args.ops if o not in OPS]
+    bad = [o for o in args.ops if o not in (*OPS, "small")]
     if bad or not args.ops:
-        ap.error(f"--ops: unknown {bad}; choose from {','.join(OPS)}")
+        ap.error(f"--ops: unknown {bad}; choose from {','.join(OPS)},small")
     return args
 
 
@@ -771,17 +773,17 @@ def main(argv: list[str] | None = None) -> int:
         "timing": "triton.testing.do_bench median (warmup 25 ms, rep 100 ms); small M: wall clock; "
                   "each the median of the rounds, run in rotated provider order",
         "rounds": args.rounds, "providers": status, "copy": copy_ceiling(dtype, args.rounds),
-        "results": {op: [] for op in args.ops}, "small_m": [],
+        "results": {op: [] for op in args.ops if op in OPS}, "small_m": [],
     }
     torch.cuda.empty_cache()
     print(f"copy: {data['copy']['gbps']:.0f} GB/s", flush=True)
-    for n in QUICK_NS if args.quick else FULL_NS:
+    for n in (QUICK_NS if args.quick else FULL_NS) if data["results"] else ():
         t0 = time.perf_counter()
-        for op, row in measure_shape(providers, args.ops, TOTAL // n, n, dtype, args.rounds).items():
+        for op, row in measure_shape(providers, list(data["results"]), TOTAL // n, n, dtype, args.rounds).items():
             data["results"][op].append(row)
         save_json(out, data)
         print(f"       ({time.perf_counter() - t0:.0f} s for N={n})", flush=True)
-    if "fwd" in args.ops:
+    if "fwd" in args.ops or "small" in args.ops:
         data["small_m"] = measure_small(providers, dtype, args.rounds)
     save_json(out, data)
     try:

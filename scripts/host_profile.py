@@ -1,67 +1,210 @@
-"""Where the host time of small calls goes (N=4096, M=1, bf16), piece by piece.
+"""Where a small call's host microseconds go (issue 17): each step of normir's eager forward
+timed alone, beside the whole call and torch eager's, on one GPU.
 
-    python scripts/host_profile.py     # on the GPU machine; microseconds per call
+Every row is the wall clock of CALLS back-to-back calls followed by one synchronize, per call
+(the median of ROUNDS rounds), at N = 4096, bf16, for M in MS. The steps are the ones the fast
+path of a repeated call takes (driver/ops/rmsnorm.py): reading the tensors' properties and the
+cache key, allocating y, the stream lookup, packing the arguments and the driver's launch.
+Usage: python3 scripts/host_profile.py [--out DIR]  (writes DIR/host_profile.json)
 """
 
+from __future__ import annotations
+
+import argparse
 import ctypes
+import json
+import statistics
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
 
 import torch
-from bench import host_us  # the benchmark's small-M timer (scripts/ is on sys.path when run)
+from torch.autograd.function import _SingleLevelFunction
 
-import normir
-from normir import launch as L
-from normir.ops import _rows as R
-from normir.ops import rmsnorm as ops
+N = 4096
+MS = (1, 16, 128)
+CALLS = 2000
+ROUNDS = 5
+EPS = 1e-6
 
 
-def main() -> None:
-    x = torch.randn((1, 4096), device="cuda").bfloat16()
-    w = torch.randn(4096, device="cuda").bfloat16()
-    dy = torch.randn((1, 4096), device="cuda").bfloat16()
-    y, rstd = normir.rmsnorm_fwd(x, w, store_rstd=True)
-    p = R.plan("rmsnorm_fwd", 0, 4096, "bf16", "bf16", 1e-6, True, False, 8)
-    h = p.handle
-    s = L.stream(0)
-    args = dict(x=x.data_ptr(), w=w.data_ptr(), y=y.data_ptr(), rstd=0, rows=1, x_stride=4096, y_stride=4096)
-    h.launch_named(1, s, **args)  # fills the buffer: grid 1 on this stream
+def us_per_call(fn: Callable[[], object], calls: int = CALLS) -> float:
+    for _ in range(50):
+        fn()
+    torch.cuda.synchronize()
+    t0 = time.perf_counter()
+    for _ in range(calls):
+        fn()
+    torch.cuda.synchronize()
+    return (time.perf_counter() - t0) / calls * 1e6
+
+
+def steps(m: int) -> dict[str, Callable[[], object]]:
+    """name -> a call timing one step (or the whole call) on an m x N problem."""
+    import normir
+    from normir.ops import _rows as R
+    from normir.ops import rmsnorm as RMS
+
+    x = torch.randn(m, N, device="cuda", dtype=torch.bfloat16)
+    w = torch.randn(N, device="cuda", dtype=torch.bfloat16)
+    dy = torch.randn_like(x)
+    xg, wg = x.detach().requires_grad_(True), w.detach().requires_grad_(True)
+    normir.rmsnorm_fwd(x, w, EPS)  # loads the kernel and fills the fast path's cache
+    key = RMS._fwd_key(x, w, EPS, False)
+    h, rows, cluster = RMS._FWD_SEEN[key]
+    dev = x.get_device()
+    y = torch.empty_like(x)
+    args = (x.data_ptr(), w.data_ptr(), y.data_ptr(), 0, m, N, N)
+    grid = -(-m // rows) * cluster
+    stream = R.raw_stream(dev)
+    h.launch(grid, stream, *args)  # the config's grid and stream, for the raw driver calls below
     vp = ctypes.c_void_p
     ex_typed = ctypes.PyDLL(h.driver.lib._name).cuLaunchKernelEx
     ex_typed.argtypes, ex_typed.restype = [vp, vp, vp, vp], ctypes.c_int
-    cfg_addr, fn_addr = h._call_args[0].value, h._call_args[1].value
-    xg, wg = x.clone().requires_grad_(True), w.clone().requires_grad_(True)
-    xt, wt = x.clone().requires_grad_(True), w.clone().requires_grad_(True)
+    call_addrs = (h._call_args[0].value, h._call_args[1].value, None, h._extra)
+    rstd = normir.rmsnorm_fwd(x, w, EPS, store_rstd=True)[1]
+    res = torch.randn_like(x)
 
-    rows = {
-        "ctypes call, argtypes": lambda: ex_typed(cfg_addr, fn_addr, None, h._extra),
-        "ctypes call, objects": lambda: h._call(*h._call_args),
-        "launch only": lambda: h.launch(1, s, *args.values()),
-        "launch by name": lambda: h.launch_named(1, s, **args),
-        "torch.empty_like": lambda: torch.empty_like(x),
-        "torch.empty((0,))": lambda: torch.empty((0,), dtype=torch.float32, device=x.device),
-        "x.device": lambda: x.device,
-        "is_compiling": torch.compiler.is_compiling,
-        "eager(x)": lambda: R.eager(x),
-        "check_eps": lambda: R.check_eps(1e-6),
-        "check_input": lambda: R.check_input(x, "x"),
-        "check_weight": lambda: R.check_weight(w, x, 4096),
-        "rows_of": lambda: R.rows_of(x),
-        "vector_width": lambda: R.vector_width(4096, (x, y, w), (4096,)),
-        "plan": lambda: R.plan("rmsnorm_fwd", 0, 4096, "bf16", "bf16", 1e-6, True, False, 8),
-        "stream": lambda: L.stream(0),
-        "current device": R.current_device,
-        "fwd general path": lambda: (ops._FWD_SEEN.clear(), ops._fwd(x, w, 1e-6, False)),
-        "normir.rmsnorm_fwd": lambda: normir.rmsnorm_fwd(x, w, 1e-6),
-        "normir.rmsnorm_fwd rstd": lambda: normir.rmsnorm_fwd(x, w, 1e-6, store_rstd=True),
-        "torch.ops.normir.rmsnorm_fwd": lambda: torch.ops.normir.rmsnorm_fwd(x, w, 1e-6, False),
-        "F.rms_norm": lambda: torch.nn.functional.rms_norm(x, (4096,), w, 1e-6),
+    def props():  # what the fast path reads before its launch
+        return (type(EPS) is float, x.dim(), x.get_device(), x.shape[-1], x.dtype, w.dtype, w.shape,
+                w.get_device(), x.is_contiguous(), w.is_contiguous(), x.data_ptr(), w.data_ptr(), x.numel())
+
+    def fwdbwd_normir():
+        return torch.autograd.grad(normir.rmsnorm(xg, wg, EPS), [xg, wg], dy)
+
+    def fwdbwd_torch():
+        return torch.autograd.grad(torch.nn.functional.rms_norm(xg, (N,), wg, EPS), [xg, wg], dy)
+
+    class Identity(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx, a, b):
+            return a.view_as(a)
+
+        @staticmethod
+        def backward(ctx, g):
+            return g, None
+
+    y_id = Identity.apply(xg, wg)
+    y_n = normir.rmsnorm(xg, wg, EPS)
+    y_t = torch.nn.functional.rms_norm(xg, (N,), wg, EPS)
+    c_apply_identity = super(_SingleLevelFunction, Identity).apply
+    c_apply_rms = super(_SingleLevelFunction, RMS.RMSNormFunction).apply
+    return {
+        "python call (empty function)": lambda: None,
+        "tensor properties and key": props,
+        "dict lookup of the key": lambda: RMS._FWD_SEEN.get(key),
+        "torch.empty_like(x)": lambda: torch.empty_like(x),
+        "stream lookup": lambda: (R.current_device(), R.raw_stream(dev)),
+        "argument packing": lambda: h._pack(h._mem, 0, *args, *((grid,) * (1 + h._with_grid))),
+        "driver launch (packed)": lambda: h._call(*h._call_args),
+        "driver launch, argtypes, GIL held": lambda: ex_typed(*call_addrs),
+        "cuLaunchKernel (extra), not Ex": lambda: h.driver._launch(h._fn, grid, 1, 1, h.block, 1, 1, h.shared_bytes,
+                                                                   stream, None, h._extra),
+        "handle.launch (pack + launch)": lambda: h.launch(grid, stream, *args),
+        "normir._fwd (fast path, whole)": lambda: RMS._fwd(x, w, EPS, False),
+        "normir.rmsnorm_fwd": lambda: normir.rmsnorm_fwd(x, w, EPS),
+        "normir.rmsnorm_fwd, store_rstd": lambda: normir.rmsnorm_fwd(x, w, EPS, store_rstd=True),
+        "check_eps + check_input + check_weight": lambda: (R.check_eps(EPS), R.check_input(x, "x"),
+                                                           R.check_weight(w, x, N)),
+        "rows_of + vector_width + plan": lambda: (R.rows_of(x), R.vector_width(N, (x, y, w), (N,)),
+                                                  R.plan("rmsnorm_fwd", dev, N, "bf16", "bf16", EPS, True, False, 8)),
+        "normir._fwd, general path": lambda: (RMS._FWD_SEEN.clear(), RMS._fwd(x, w, EPS, False)),
+        "torch.ops.normir.rmsnorm_fwd": lambda: torch.ops.normir.rmsnorm_fwd(x, w, EPS, False),
         "normir.rmsnorm_bwd": lambda: normir.rmsnorm_bwd(x, w, dy, rstd),
-        "normir fwd+bwd autograd": lambda: torch.autograd.grad(normir.rmsnorm(xg, wg, 1e-6), [xg, wg], dy),
-        "torch fwd+bwd autograd": lambda: torch.autograd.grad(
-            torch.nn.functional.rms_norm(xt, (4096,), wt, 1e-6), [xt, wt], dy),
+        "normir.fused_add_rmsnorm_fwd": lambda: normir.fused_add_rmsnorm_fwd(x, res, w, EPS),
+        "normir.layernorm_fwd": lambda: normir.layernorm_fwd(x, w, w, 1e-5),
+        "normir.rmsnorm, no grad": lambda: normir.rmsnorm(x, w, EPS),
+        "autograd.Function.apply (identity)": lambda: Identity.apply(xg, wg),
+        "C apply (identity)": lambda: c_apply_identity(xg, wg),
+        "RMSNormFunction.apply": lambda: RMS.RMSNormFunction.apply(xg, wg, EPS),
+        "C apply (RMSNormFunction)": lambda: c_apply_rms(xg, wg, EPS),
+        "normir._fwd, store_rstd (fast path)": lambda: RMS._fwd(x, w, EPS, True),
+        "torch.empty(rows, device=x.device)": lambda: torch.empty((m,), dtype=torch.float32, device=x.device),
+        "torch.empty(rows, device=index)": lambda: torch.empty((m,), dtype=torch.float32, device=dev),
+        "x.new_empty(rows, dtype=f32)": lambda: x.new_empty((m,), dtype=torch.float32),
+        "normir.rmsnorm, weight requires grad": lambda: normir.rmsnorm(xg, wg, EPS),
+        "torch rms_norm, no grad": lambda: torch.nn.functional.rms_norm(x, (N,), w, EPS),
+        "torch rms_norm, weight requires grad": lambda: torch.nn.functional.rms_norm(xg, (N,), wg, EPS),
+        "autograd.grad, identity Function": lambda: torch.autograd.grad(Identity.apply(xg, wg), [xg], dy),
+        "autograd.grad, torch x * 2": lambda: torch.autograd.grad(xg * 2, [xg], dy),
+        "autograd.grad retained, identity Function": lambda: torch.autograd.grad(y_id, [xg], dy, retain_graph=True),
+        "autograd.grad retained, normir": lambda: torch.autograd.grad(y_n, [xg, wg], dy, retain_graph=True),
+        "autograd.grad retained, torch": lambda: torch.autograd.grad(y_t, [xg, wg], dy, retain_graph=True),
+        "normir fwd+bwd (autograd)": fwdbwd_normir,
+        "torch fwd+bwd (autograd)": fwdbwd_torch,
     }
-    for name, fn in rows.items():
-        print(f"{name:30} {host_us(fn, 5000):7.2f} us")
+
+
+def inside_the_engine() -> None:
+    """Where normir's backward spends its time when autograd's device thread runs it: the
+    RMSNormFunction.backward body, and the kernel launches in it, timed from inside."""
+    import normir
+    from normir.ops import rmsnorm as RMS
+
+    x = torch.randn(1, N, device="cuda", dtype=torch.bfloat16).requires_grad_(True)
+    w = torch.randn(N, device="cuda", dtype=torch.bfloat16).requires_grad_(True)
+    dy = torch.randn_like(x)
+    spans: dict[str, list[float]] = {"RMSNormFunction.backward": [], "_bwd": []}
+    orig_backward, orig_bwd = RMS.RMSNormFunction.backward, RMS._bwd
+
+    def timed(name, fn):
+        def run(*a):
+            t0 = time.perf_counter()
+            out = fn(*a)
+            spans[name].append(time.perf_counter() - t0)
+            return out
+        return run
+
+    RMS.RMSNormFunction.backward = staticmethod(timed("RMSNormFunction.backward", orig_backward))
+    RMS._bwd = timed("_bwd", orig_bwd)
+    try:
+        y = normir.rmsnorm(x, w, EPS)
+        for _ in range(CALLS):
+            torch.autograd.grad(y, [x, w], dy, retain_graph=True)
+        torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        for _ in range(CALLS):
+            torch.autograd.grad(y, [x, w], dy, retain_graph=True)
+        torch.cuda.synchronize()
+        total = (time.perf_counter() - t0) / CALLS * 1e6
+    finally:
+        RMS.RMSNormFunction.backward, RMS._bwd = orig_backward, orig_bwd
+    print(f"autograd.grad of normir.rmsnorm, retained graph, M=1: {total:.2f} us per call; inside it: "
+          + ", ".join(f"{k} {statistics.median(v) * 1e6:.2f} us" for k, v in spans.items()))
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--out", default=".", help="folder for host_profile.json (default: .)")
+    args = ap.parse_args(argv)
+    if not torch.cuda.is_available():
+        print("host_profile.py needs a CUDA GPU", file=sys.stderr)
+        return 1
+    rows = []
+    for m in MS:
+        fns = steps(m)
+        rounds = {name: [] for name in fns}
+        for r in range(ROUNDS):
+            names = list(fns)
+            for name in names[r % len(names):] + names[:r % len(names)]:
+                rounds[name].append(us_per_call(fns[name]))
+        for name, ts in rounds.items():
+            rows.append({"M": m, "N": N, "step": name, "us": statistics.median(ts), "us_rounds": ts})
+    inside_the_engine()
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "host_profile.json").write_text(json.dumps({"gpu": torch.cuda.get_device_name(),
+                                                       "torch": torch.__version__, "calls": CALLS,
+                                                       "rounds": ROUNDS, "rows": rows}, indent=1))
+    names = list(dict.fromkeys(r["step"] for r in rows))
+    print(f"host us per call (N={N}, bf16; median of {ROUNDS} rounds of {CALLS} calls)")
+    print(f"{'step':40s}" + "".join(f"{'M=' + str(m):>9s}" for m in MS))
+    for name in names:
+        print(f"{name:40s}" + "".join(f"{r['us']:9.2f}" for m in MS for r in rows
+                                       if r["M"] == m and r["step"] == name))
+    return 0
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

@@ -235,6 +235,10 @@ def fused_specializations() -> list[dict]:
             plan += [fused_fwd(n, "bf16", "bf16", vec=v)] + fused_bwd(n, "bf16", "bf16", vec=v)
     gradcheck = ("f32", "f32", "f32", "f32", None, None, 1.0)
     plan += [fused_fwd(100, *gradcheck)] + fused_bwd(100, *gradcheck)
+    # The fast path of repeated calls (both norms, a bias, d_residual_out): x 16- and 2-byte aligned.
+    for v in (0, 1):
+        plan += [fused_fwd(4096, "bf16", "bf16", b="bf16", vec=v), layer_fwd(4096, "bf16", "bf16", b="bf16", vec=v)]
+    plan += fused_bwd(4096, "bf16", "bf16", b="bf16") + layer_bwd(4096, "bf16", "bf16", b="bf16")
     plan += [fused_fwd(TRAIN_N, "bf16", "f32")] + fused_bwd(TRAIN_N, "bf16", "f32")
     for n in BENCH_N:
         plan += [fused_fwd(n, "bf16", "bf16", store_rstd=False), fused_fwd(n, "bf16", "bf16")]

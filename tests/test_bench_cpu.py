@@ -83,6 +83,12 @@ def test_a_provider_offers_every_op_of_its_functions():
     assert set(bench.BYTES_PER_ELEM) == set(bench.OPS)
 
 
+def test_small_alone_is_an_op_choice():
+    assert bench.parse_args(["--ops", "small"]).ops == ["small"]
+    with pytest.raises(SystemExit):
+        bench.parse_args(["--ops", "smal"])
+
+
 def test_layernorm_ops_count_their_peers_bytes():
     b = bench.BYTES_PER_ELEM
     assert (b["ln_fwd"], b["ln_bwd"]) == (b["fwd"], b["bwd"]) == (2, 3)

@@ -25,6 +25,7 @@ from gpu_helpers import TOL, TORCH, make, poison, rel_err, tensors
 
 import normir
 from normir.ops.fused_add_rmsnorm import fused_add_rmsnorm_bwd_ref, fused_add_rmsnorm_ref
+from normir.ops.layernorm import layernorm_bwd_ref, layernorm_ref
 
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a GPU")]
 
@@ -286,3 +287,58 @@ def test_training_matches_torch():
     assert ours[-1] < ours[0]  # it trains
     for a, c in zip(ours, theirs):
         assert abs(a - c) <= 0.03 * max(1.0, abs(c)), (ours, theirs)
+
+
+# The fused forwards and backwards of both norms share one fast path for repeated eager calls
+# (_fused.py): each op's forward and backward as (fwd(x, r, w, b, store) -> (y, h, stats...),
+# bwd(dy, h, w, stats, dh) -> (dx, dw, db)), its float64 references, and its statistics' count.
+FAST_OPS = {
+    "fused_add_rmsnorm": (
+        lambda x, r, w, b, store: normir.fused_add_rmsnorm_fwd(x, r, w, 1e-6, bias=b, store_rstd=store),
+        lambda dy, h, w, st, dh: normir.fused_add_rmsnorm_bwd(dy, h, w, st[0], dh, has_bias=True),
+        lambda x, r, w, b: fused_add_rmsnorm_ref(x, r, w, b, 1e-6)[:2],
+        lambda h, w, b, dy, dh: fused_add_rmsnorm_bwd_ref(h, w, b, 1e-6, 0.0, dy, dh), 1),
+    "fused_add_layernorm": (
+        lambda x, r, w, b, store: normir.fused_add_layernorm_fwd(x, r, w, b, 1e-5, store_stats=store),
+        lambda dy, h, w, st, dh: normir.fused_add_layernorm_bwd(dy, h, w, *st, dh, has_bias=True),
+        lambda x, r, w, b: layernorm_ref(x, w, b, 1e-5, residual=r)[:2],
+        lambda h, w, b, dy, dh: layernorm_bwd_ref(h, w, b, 1e-5, dy, dh), 2),
+}
+
+
+@pytest.mark.parametrize("op", FAST_OPS)
+def test_repeated_fused_calls_take_the_fast_path_correctly(op):
+    # Calls after the first of a specialization skip the checks and the plan lookup: each must
+    # still compute on its own new tensors (fresh M, poisoned outputs), fall back for what the key
+    # does not cover (an unaligned row, a strided one) and still raise on bad arguments.
+    fwd, bwd, ref, bwd_ref, nstats = FAST_OPS[op]
+    n = 4096
+    w, b = make((n,), torch.bfloat16) + 1, make((n,), torch.bfloat16, 0.5)
+
+    def run(x, r, dy, dh):
+        m = x.numel() // n
+        poison(((m, n), torch.bfloat16), ((m, n), torch.bfloat16), ((m,), torch.float32))
+        y, h, *stats = fwd(x, r, w, b, True)
+        y_ref, h_ref = ref(x, r, w, b)
+        assert rel_err(y, y_ref) <= TOL[torch.bfloat16] and torch.equal(h, h_ref)
+        assert len(stats) == nstats and all(s.shape == x.shape[:-1] for s in stats)
+        poison(((m, n), torch.bfloat16), ((n,), torch.bfloat16), ((n,), torch.bfloat16))
+        dx, dw, db = bwd(dy, h, w, stats, dh)
+        for got, want in zip((dx, dw, db), bwd_ref(h, w, b, dy, dh)):
+            assert rel_err(got, want) <= TOL[torch.bfloat16]
+        return h, stats
+
+    for m in (7, 1, 64, 7):
+        x, r, dy, dh = (make((m, n), torch.bfloat16) for _ in range(4))
+        h, stats = run(x, r, dy, dh)
+    base = make((7 * n + 1,), torch.bfloat16)
+    x = base[1:].view(7, n)  # contiguous but 2-byte aligned: the general path narrows the vector
+    run(x, *(make((7, n), torch.bfloat16) for _ in range(3)))
+    wide = make((7, 2 * n), torch.bfloat16)
+    run(wide[:, :n], *(make((7, n), torch.bfloat16) for _ in range(3)))  # strided rows
+    with pytest.raises(ValueError, match="residual must match x"):
+        fwd(make((7, n), torch.bfloat16), make((8, n), torch.bfloat16), w, b, True)
+    with pytest.raises(ValueError, match="rstd"):
+        bwd(dy, h, w, (stats[0][:3],) + tuple(stats[1:]) if nstats == 1 else (stats[0], stats[1][:3]), dh)
+    with pytest.raises(ValueError, match="dy must match"):
+        bwd(make((8, n), torch.bfloat16), h, w, stats, dh)

@@ -55,7 +55,7 @@ def _launch_fwd(x, residual, weight, bias, eps, residual_dtype, out_dtype, weigh
 
 
 def _launch_bwd(dy, residual_out, weight, rstd, d_residual_out, bias_dtype, weight_offset, dx_dtype, dres_dtype,
-                atomic=False, *, kernel, mean=None):
+                atomic=False, *, kernel, mean=None, made_by=None):
     with torch.no_grad():
         hh = (residual_out.float() - (mean[..., None] if mean is not None else 0.0)) * rstd[..., None]
         wdy = dy.float() * ((weight.float() + weight_offset) if weight is not None else 1.0)

@@ -55,6 +55,69 @@ def fwd_checks(x, residual, weight, bias, eps, residual_dtype, out_dtype, weight
 # ---------------------------------------------------------------------------- launches
 
 
+# Repeated eager calls take a fast path, as RMSNorm's do (rmsnorm.py): a call whose every property
+# that the checks and the plan depend on matches one already checked and launched (the key:
+# dtypes, N, devices, the weight's and bias's shapes, eps and the flags; besides it, contiguous
+# rows of one shape, 16-byte aligned) skips the checks and the plan lookup and launches
+# positionally. A miss, or anything unusual, takes the general path, which fills the table.
+_FWD_SEEN: dict[tuple, tuple] = L.derived_cache({})
+_BWD_SEEN: dict[tuple, tuple] = L.derived_cache({})
+_PLAIN = (torch.Tensor, torch.nn.Parameter)  # a module's Parameter changes nothing here
+
+
+def _col_key(t: torch.Tensor | None) -> tuple:
+    """A per-column tensor's part of a key (None: absent; else its dtype, shape and device)."""
+    return (None, None, None) if t is None else (t.dtype, t.shape, t.get_device())
+
+
+def _fwd_key(kernel, x, residual, weight, bias, eps, residual_dtype, out_dtype, weight_offset, store_rstd,
+             store_residual) -> tuple:
+    r = (None, None) if residual is None else (residual.dtype, residual.get_device())
+    return (kernel, x.dtype, x.shape[-1], x.get_device(), *r, *_col_key(weight), *_col_key(bias), eps, residual_dtype,
+            out_dtype, weight_offset, store_rstd, store_residual)
+
+
+def _fwd_fast(x, residual, weight, bias, eps, residual_dtype, out_dtype, weight_offset, store_rstd, store_residual,
+              kernel):
+    """launch_fwd's outputs for a call like one seen before, or None (take the general path)."""
+    if not (type(x) is torch.Tensor and type(eps) is float and type(weight_offset) is float
+            and type(store_rstd) is bool and type(store_residual) is bool and x.dim()
+            and (residual is None or type(residual) is torch.Tensor) and (weight is None or type(weight) in _PLAIN)
+            and (bias is None or type(bias) in _PLAIN)):
+        return None
+    hit = _FWD_SEEN.get(_fwd_key(kernel, x, residual, weight, bias, eps, residual_dtype, out_dtype, weight_offset,
+                                 store_rstd, store_residual))
+    if hit is None or not x.is_contiguous() or (residual is not None and not (
+            residual.shape == x.shape and residual.is_contiguous())) \
+            or (weight is not None and not weight.is_contiguous()) or (bias is not None and not bias.is_contiguous()):
+        return None
+    h, rows, cluster, y_dtype, h_dtype, has_mean = hit
+    dev, n = x.get_device(), x.shape[-1]
+    y = torch.empty_like(x) if y_dtype is None else torch.empty_like(x, dtype=y_dtype)
+    res_out = None
+    if store_residual and residual is not None:
+        res_out = torch.empty_like(residual) if h_dtype is None else torch.empty_like(residual, dtype=h_dtype)
+    xp, yp = x.data_ptr(), y.data_ptr()
+    rp, hp = (residual.data_ptr() if residual is not None else 0), (res_out.data_ptr() if res_out is not None else 0)
+    wp, bp = (weight.data_ptr() if weight is not None else 0), (bias.data_ptr() if bias is not None else 0)
+    if (xp | yp | rp | hp | wp | bp) & 15:  # an unaligned tensor: the general path narrows the vector
+        return None
+    rstd = mean = None
+    if store_rstd:
+        rstd = R.empty_f32(x.shape[:-1], dev)
+        mean = R.empty_f32(x.shape[:-1], dev) if has_mean else None
+    m = x.numel() // n
+    if m:
+        # Positional, in the order of NORM_FWD's arguments (x, residual, w, b, y, residual_out,
+        # rstd, [mean], rows, x_stride, residual_stride, y_stride, residual_out_stride).
+        st = (rstd.data_ptr() if rstd is not None else 0,) + (
+            ((mean.data_ptr() if mean is not None else 0),) if has_mean else ())
+        with R.on_device(dev):
+            h.launch(-(-m // rows) * cluster, L.stream(dev), xp, rp, wp, bp, yp, hp, *st, m, n,
+                     n if residual is not None else 0, n, n)
+    return y, res_out, rstd, mean
+
+
 def launch_fwd(x: torch.Tensor, residual: torch.Tensor | None, weight: torch.Tensor | None, bias: torch.Tensor | None,
          eps: float, residual_dtype: torch.dtype | None, out_dtype: torch.dtype | None, weight_offset: float,
          store_rstd: bool, store_residual: bool, kernel: str
@@ -62,28 +125,38 @@ def launch_fwd(x: torch.Tensor, residual: torch.Tensor | None, weight: torch.Ten
     """The forward on real tensors (kernel: this op's or LayerNorm's): (y, residual_out, rstd,
     mean); residual_out only with a residual and store_residual, rstd (and, for an op with a
     mean, mean) only with store_rstd."""
+    fast = _fwd_fast(x, residual, weight, bias, eps, residual_dtype, out_dtype, weight_offset, store_rstd,
+                     store_residual, kernel)
+    if fast is not None:
+        return fast
     eps, n, w, b, offset = fwd_checks(x, residual, weight, bias, eps, residual_dtype, out_dtype, weight_offset)
     x2, xs = rows_of(x)
     r2, rs = rows_of(residual) if residual is not None else (None, 0)
     m = x2.numel() // n
     h_dtype = (residual_dtype or residual.dtype) if residual is not None else x.dtype
     y = torch.empty(x.shape, dtype=out_dtype or x.dtype, device=x.device)
-    store_residual = store_residual and residual is not None
-    res_out = torch.empty(x.shape, dtype=h_dtype, device=x.device) if store_residual else None
-    rstd = torch.empty(x.shape[:-1], dtype=torch.float32, device=x.device) if store_rstd else None
+    stored = store_residual and residual is not None
+    res_out = torch.empty(x.shape, dtype=h_dtype, device=x.device) if stored else None
+    dev = x.get_device()
+    rstd = R.empty_f32(x.shape[:-1], dev) if store_rstd else None
     has_mean = L.KERNELS[kernel].stats.has_mean
-    mean = torch.empty(x.shape[:-1], dtype=torch.float32, device=x.device) if store_rstd and has_mean else None
+    mean = R.empty_f32(x.shape[:-1], dev) if store_rstd and has_mean else None
     if m:
-        dev = x.get_device()
         rows = (x2, r2, y, res_out)
         vec = R.vector_width(n, (*rows, w, b), (xs, rs) if r2 is not None else (xs,), rows=len(rows))
         dt = L.TORCH_DTYPES[x.dtype]
         extra = (("rdtype", L.TORCH_DTYPES[residual.dtype] if residual is not None else ""),
                  ("sdtype", L.TORCH_DTYPES[h_dtype] if residual is not None else ""),
                  ("odtype", L.TORCH_DTYPES[y.dtype]), ("bdtype", L.TORCH_DTYPES[b.dtype] if b is not None else ""),
-                 ("store_residual", store_residual), ("weight_offset", offset))
+                 ("store_residual", stored), ("weight_offset", offset))
         p = R.plan(kernel, dev, n, dt, L.TORCH_DTYPES[w.dtype] if w is not None else dt, eps, w is not None,
                    store_rstd, vec, extra=extra)
+        if vec == R.MAX_VECTOR_BYTES // min(t.element_size() for t in rows if t is not None) and x2 is x \
+                and r2 is residual and w is weight and b is bias:
+            _FWD_SEEN[_fwd_key(kernel, x, residual, weight, bias, eps, residual_dtype, out_dtype, offset, store_rstd,
+                               store_residual)] = (
+                p.handle, p.layout.rows, p.layout.cluster, None if y.dtype == x.dtype else y.dtype,
+                None if res_out is None or res_out.dtype == residual.dtype else res_out.dtype, has_mean)
         with R.on_device(dev):
             p.handle.launch_named(
                 p.grid(m), L.stream(dev), x=x2.data_ptr(), residual=r2.data_ptr() if r2 is not None else 0,
@@ -113,28 +186,106 @@ def bwd_checks(dy, residual_out, weight, rstd, d_residual_out, bias_dtype, weigh
     return n, w, check_offset(weight_offset, weight)
 
 
+def _bwd_key(kernel, dy, h, weight, d_residual_out, bias_dtype, weight_offset, dx_dtype, dres_dtype, atomic,
+             mean) -> tuple:
+    g = (None, None) if d_residual_out is None else (d_residual_out.dtype, d_residual_out.get_device())
+    return (kernel, h.dtype, h.shape[-1], h.get_device(), dy.dtype, dy.get_device(), *g, *_col_key(weight),
+            bias_dtype, weight_offset, dx_dtype, dres_dtype, atomic, mean is None)
+
+
+def _stat_ok(t: torch.Tensor | None, dev: int, m: int) -> bool:
+    """A per-row statistic as the fast path takes it: fp32, on dev, m elements, contiguous."""
+    return t is None or (t.dtype is torch.float32 and t.get_device() == dev and t.numel() == m and t.is_contiguous())
+
+
+def _bwd_fast(dy, h, weight, rstd, g, bias_dtype, weight_offset, dx_dtype, dres_dtype, atomic, kernel, mean):
+    """launch_bwd's outputs for a call like one seen before, or None (take the general path)."""
+    if not (type(dy) is torch.Tensor and type(h) is torch.Tensor and type(rstd) is torch.Tensor
+            and (g is None or type(g) is torch.Tensor) and (mean is None or type(mean) is torch.Tensor)
+            and (weight is None or type(weight) in _PLAIN) and type(weight_offset) is float and type(atomic) is bool
+            and h.dim()):
+        return None
+    hit = _BWD_SEEN.get(_bwd_key(kernel, dy, h, weight, g, bias_dtype, weight_offset, dx_dtype, dres_dtype, atomic,
+                                 mean))
+    if hit is None:
+        return None
+    shape, dev, n = h.shape, h.get_device(), h.shape[-1]
+    m = h.numel() // n
+    if not (m and dy.shape == shape and h.is_contiguous() and dy.is_contiguous()
+            and (g is None or (g.shape == shape and g.is_contiguous())) and _stat_ok(rstd, dev, m)
+            and _stat_ok(mean, dev, m) and (weight is None or weight.is_contiguous())):
+        return None
+    p, dx_dt, dres_dt, has_mean = hit
+    dx = torch.empty_like(h) if dx_dt is None else torch.empty_like(h, dtype=dx_dt)
+    dres = torch.empty_like(h, dtype=dres_dt) if dres_dt is not None else None
+    hp, dyp, dxp = h.data_ptr(), dy.data_ptr(), dx.data_ptr()
+    gp, wp = (g.data_ptr() if g is not None else 0), (weight.data_ptr() if weight is not None else 0)
+    dresp = dres.data_ptr() if dres is not None else 0
+    if (hp | dyp | dxp | gp | wp | dresp) & 15:  # an unaligned tensor: the general path narrows the vector
+        return None
+    dw = torch.empty_like(weight) if weight is not None else None
+    db = None
+    if bias_dtype is not None:
+        db = torch.empty_like(weight, dtype=bias_dtype) if weight is not None else \
+            torch.empty((n,), dtype=bias_dtype, device=h.device)
+    st = (rstd.data_ptr(), mean.data_ptr()) if has_mean else (rstd.data_ptr(),)
+    _bwd_launch(p, dev, m, n, atomic, (hp, wp, dyp, *st, gp, dxp, dresp), (n, n, n if g is not None else 0), dw, db)
+    return dx, dres, dw, db
+
+
+def _bwd_launch(p: R.Plan, dev: int, m: int, n: int, atomic: bool, ptrs: tuple[int, ...],
+                strides: tuple[int, int, int], dw: torch.Tensor | None, db: torch.Tensor | None) -> None:
+    """Launch a backward kernel and the column sums of dw and db. ptrs: x, w, dy, rstd, [mean],
+    dres_out, dx, dres; strides: x's, dy's and dres_out's rows."""
+    with R.on_device(dev):
+        stream = L.stream(dev)
+        parts = p.clusters(m) * p.layout.rows if not atomic else 1
+        dw_part, db_part = ((_partials(parts, n, dev, atomic) if t is not None else None) for t in (dw, db))
+        # Positional, in the order of NORM_BWD's arguments (x, w, dy, rstd, [mean], dres_out, dx,
+        # dres, dw_part, db_part, rows, x_stride, dy_stride, dres_out_stride, dx_stride, dres_stride).
+        p.handle.launch(p.grid(m), stream, *ptrs, dw_part.data_ptr() if dw_part is not None else 0,
+                        db_part.data_ptr() if db_part is not None else 0, m, *strides, n, n)
+        for part, out in ((dw_part, dw), (db_part, db)):
+            if part is not None:
+                R.column_sums(dev, n, out.dtype).launch(stream, part.data_ptr(), out.data_ptr(), parts)
+
+
+def _partials(parts: int, n: int, dev: int, atomic: bool) -> torch.Tensor:
+    """The (parts, N) fp32 partial column sums: zeroed for atomic adds, else each row written."""
+    return torch.zeros((parts, n), dtype=torch.float32, device=torch.device("cuda", dev)) if atomic \
+        else R.empty_f32((parts, n), dev)
+
+
 def launch_bwd(dy: torch.Tensor, residual_out: torch.Tensor, weight: torch.Tensor | None, rstd: torch.Tensor,
-         d_residual_out: torch.Tensor | None, bias_dtype: torch.dtype | None, weight_offset: float,
-         dx_dtype: torch.dtype | None, dres_dtype: torch.dtype | None, atomic: bool = False, *,
-         kernel: str, mean: torch.Tensor | None = None
-         ) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None, torch.Tensor | None]:
+               d_residual_out: torch.Tensor | None, bias_dtype: torch.dtype | None, weight_offset: float,
+               dx_dtype: torch.dtype | None, dres_dtype: torch.dtype | None, atomic: bool = False, *,
+               kernel: str, mean: torch.Tensor | None = None,
+               made_by: str = "fused_add_rmsnorm_fwd(..., store_rstd=True)"
+               ) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None, torch.Tensor | None]:
     """The backward on real tensors (kernel: this op's, or LayerNorm's with its mean): (dx,
     dresidual, dw, db). dx is dh in dx_dtype (default residual_out's); dresidual, the same values
     in dres_dtype, is None unless that type differs; dw None without a weight, db (in bias_dtype)
-    None without a bias."""
+    None without a bias. made_by: the forward call whose statistics the checks ask for."""
+    fast = _bwd_fast(dy, residual_out, weight, rstd, d_residual_out, bias_dtype, weight_offset, dx_dtype, dres_dtype,
+                     atomic, kernel, mean)
+    if fast is not None:
+        return fast
     n, w, offset = bwd_checks(dy, residual_out, weight, rstd, d_residual_out, bias_dtype, weight_offset, dx_dtype,
-                               dres_dtype)
+                               dres_dtype, made_by)
+    has_mean = L.KERNELS[kernel].stats.has_mean
+    if has_mean:
+        check_stat(mean, residual_out, "mean", made_by, "residual_out")
     has_bias = bias_dtype is not None
     h2, hs = rows_of(residual_out)
     dy2, dys = rows_of(dy)
     g2, gs = rows_of(d_residual_out) if d_residual_out is not None else (None, 0)
     rstd = rstd.contiguous()
-    mean = mean.contiguous() if mean is not None else None
+    mean = mean.contiguous() if has_mean else None
     m = h2.numel() // n
-    dx_dtype = dx_dtype or residual_out.dtype
-    dx = torch.empty(residual_out.shape, dtype=dx_dtype, device=residual_out.device)
+    dx_dt = dx_dtype or residual_out.dtype
+    dx = torch.empty(residual_out.shape, dtype=dx_dt, device=residual_out.device)
     dres = torch.empty(residual_out.shape, dtype=dres_dtype, device=dx.device) \
-        if dres_dtype is not None and dres_dtype != dx_dtype else None
+        if dres_dtype is not None and dres_dtype != dx_dt else None
     # The column sums overwrite dw and db; without rows they are zero.
     fill = torch.zeros if m == 0 else torch.empty
     dw = fill((n,), dtype=w.dtype, device=dx.device) if w is not None else None
@@ -146,30 +297,23 @@ def launch_bwd(dy: torch.Tensor, residual_out: torch.Tensor, weight: torch.Tenso
     vec = R.vector_width(n, (*rows, w), (hs, dys, gs) if g2 is not None else (hs, dys), rows=len(rows))
     dt = L.TORCH_DTYPES[residual_out.dtype]
     extra = (("rdtype", L.TORCH_DTYPES[dres.dtype] if dres is not None else ""), ("odtype", L.TORCH_DTYPES[dy.dtype]),
-             ("xdtype", L.TORCH_DTYPES[dx_dtype]), ("bdtype", "f32" if has_bias else ""),  # db's sums in fp32
+             ("xdtype", L.TORCH_DTYPES[dx_dt]), ("bdtype", "f32" if has_bias else ""),  # db's sums in fp32
              ("has_dres_out", g2 is not None), ("weight_offset", offset))
     with R.on_device(dev):
         p = R.plan(kernel, dev, n, dt, L.TORCH_DTYPES[w.dtype] if w is not None else dt, BWD_KEY_EPS,
                    w is not None, False, vec, atomic, extra)
-        if atomic and not p.layout.dw_regs:
-            raise ValueError(f"atomic=True needs the column sums in registers; N={n} keeps them in memory: use the "
-                             "default atomic=False")
-        stream = L.stream(dev)
-        parts = p.clusters(m) * p.layout.rows if not atomic else 1
-        alloc = torch.zeros if atomic else torch.empty
-        dw_part = alloc((parts, n), dtype=torch.float32, device=dx.device) if w is not None else None
-        db_part = alloc((parts, n), dtype=torch.float32, device=dx.device) if has_bias else None
-        p.handle.launch_named(
-            p.grid(m), stream, x=h2.data_ptr(), w=w.data_ptr() if w is not None else 0, dy=dy2.data_ptr(),
-            rstd=rstd.data_ptr(), **({"mean": mean.data_ptr()} if mean is not None else {}),
-            dres_out=g2.data_ptr() if g2 is not None else 0, dx=dx.data_ptr(),
-            dres=dres.data_ptr() if dres is not None else 0,
-            dw_part=dw_part.data_ptr() if dw_part is not None else 0,
-            db_part=db_part.data_ptr() if db_part is not None else 0, rows=m, x_stride=hs, dy_stride=dys,
-            dres_out_stride=gs, dx_stride=n, dres_stride=n)
-        for part, out in ((dw_part, dw), (db_part, db)):
-            if part is not None:
-                R.column_sums("rmsnorm_dw_reduce", dev, stream, part, parts, out)
+    if atomic and not p.layout.dw_regs:
+        raise ValueError(f"atomic=True needs the column sums in registers; N={n} keeps them in memory: use the "
+                         "default atomic=False")
+    if vec == R.MAX_VECTOR_BYTES // min(t.element_size() for t in rows if t is not None) and h2 is residual_out \
+            and dy2 is dy and g2 is d_residual_out and w is weight:
+        _BWD_SEEN[_bwd_key(kernel, dy, residual_out, weight, d_residual_out, bias_dtype, offset, dx_dtype, dres_dtype,
+                           atomic, mean)] = (p, None if dx_dt == residual_out.dtype else dx_dt,
+                                             dres.dtype if dres is not None else None, has_mean)
+    st = (rstd.data_ptr(), mean.data_ptr()) if has_mean else (rstd.data_ptr(),)
+    _bwd_launch(p, dev, m, n, atomic, (h2.data_ptr(), w.data_ptr() if w is not None else 0, dy2.data_ptr(), *st,
+                                       g2.data_ptr() if g2 is not None else 0, dx.data_ptr(),
+                                       dres.data_ptr() if dres is not None else 0), (hs, dys, gs), dw, db)
     return dx, dres, dw, db
 
 
@@ -235,12 +379,16 @@ class FusedNormFunction(torch.autograd.Function):
                 (dw if need[3] else None), (db if need[4] else None), None, None, None, None, None)
 
 
+_apply = R.c_apply(FusedNormFunction)
+
+
 def eager_forward(kernels, x, residual, weight, bias, eps, residual_dtype, out_dtype, weight_offset, keep):
     """The fused norms' eager forward: through FusedNormFunction where a gradient is needed, else
     the launch alone, storing no statistics (torch.no_grad, inference). Returns (y, residual_out)."""
-    if torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in (x, residual, weight, bias)):
-        return FusedNormFunction.apply(kernels, x, residual, weight, bias, eps, residual_dtype, out_dtype,
-                                       weight_offset, keep)
+    if torch.is_grad_enabled() and (x.requires_grad or (residual is not None and residual.requires_grad)
+                                    or (weight is not None and weight.requires_grad)
+                                    or (bias is not None and bias.requires_grad)):
+        return _apply(kernels, x, residual, weight, bias, eps, residual_dtype, out_dtype, weight_offset, keep)
     y, res_out, _, _ = launch_fwd(x, residual, weight, bias, eps, residual_dtype, out_dtype, weight_offset, False,
                                   keep, kernels[0])
     return y, res_out

@@ -67,9 +67,8 @@ def _bwd_op(dy: torch.Tensor, residual_out: torch.Tensor, weight: torch.Tensor |
             ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     """(dx, dresidual, dw, db); dresidual has shape (0,) unless its dtype differs from dx's (then
     dx is both gradients), dw and db (0,) without a weight or bias."""
-    _check_mean(mean, residual_out)
     return bwd_outputs(*launch_bwd(dy, residual_out, weight, rstd, d_residual_out, bias_dtype, 0.0, dx_dtype, dres_dtype,
-                             mean=mean, kernel=BWD))
+                                   mean=mean, kernel=BWD, made_by=MADE_BY))
 
 
 @_bwd_op.register_fake
@@ -187,12 +186,12 @@ def fused_add_layernorm_bwd(dy: torch.Tensor, residual_out: torch.Tensor, weight
     check_dtype(db_dtype, "db_dtype")
     bias_dtype = (db_dtype or (weight.dtype if isinstance(weight, torch.Tensor) else None) or dx_dtype
                   or residual_out.dtype) if has_bias else None
-    bwd_checks(dy, residual_out, weight, rstd, d_residual_out, bias_dtype, 0.0, dx_dtype, dresidual_dtype, MADE_BY)
-    _check_mean(mean, residual_out)
     if R.eager(dy):
         dx, dres, dw, db = launch_bwd(dy, residual_out, weight, rstd, d_residual_out, bias_dtype, 0.0, dx_dtype,
-                                dresidual_dtype, atomic, mean=mean, kernel=BWD)
+                                      dresidual_dtype, atomic, mean=mean, kernel=BWD, made_by=MADE_BY)
     else:
+        bwd_checks(dy, residual_out, weight, rstd, d_residual_out, bias_dtype, 0.0, dx_dtype, dresidual_dtype, MADE_BY)
+        _check_mean(mean, residual_out)
         dx, dres, dw, db = torch.ops.normir.layernorm_bwd(dy, residual_out, weight, mean, rstd, d_residual_out,
                                                           bias_dtype, dx_dtype, dresidual_dtype)
         dres = dres if dres.numel() else None

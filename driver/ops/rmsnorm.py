@@ -46,7 +46,7 @@ def _fwd(x: torch.Tensor, weight: torch.Tensor | None, eps: float,
             wp = weight.data_ptr() if weight is not None else 0
             if not (xp | yp | wp) & 15:  # else an unaligned tensor: the general path narrows the vector
                 m = x.numel() // n
-                rstd = torch.empty(x.shape[:-1], dtype=torch.float32, device=x.device) if store_rstd else None
+                rstd = R.empty_f32(x.shape[:-1], dev) if store_rstd else None
                 if m:
                     grid = -(-m // rows) * cluster
                     rp = rstd.data_ptr() if store_rstd else 0
@@ -66,9 +66,9 @@ def _fwd(x: torch.Tensor, weight: torch.Tensor | None, eps: float,
     m = x2.numel() // n
     # empty_like is the cheapest allocation call (about 4 us less than torch.empty(shape, ...)).
     y = torch.empty_like(x) if x2 is x else torch.empty(x.shape, dtype=x.dtype, device=x.device)
-    rstd = torch.empty(x.shape[:-1], dtype=torch.float32, device=x.device) if store_rstd else None
+    dev = x.get_device()
+    rstd = R.empty_f32(x.shape[:-1], dev) if store_rstd else None
     if m:
-        dev = x.get_device()
         vec = R.vector_width(n, (x2, y, w), (xs,))
         wdt = L.TORCH_DTYPES[w.dtype] if w is not None else dt
         p = R.plan("rmsnorm_fwd", dev, n, dt, wdt, eps, w is not None, store_rstd, vec)
@@ -152,14 +152,14 @@ def _bwd_launch(p: R.Plan, dev: int, x: torch.Tensor, w: torch.Tensor | None, at
         part, parts = torch.zeros((1, n), dtype=torch.float32, device=x.device), 1
     else:
         parts = p.clusters(m) * p.layout.rows
-        part = torch.empty((parts, n), dtype=torch.float32, device=x.device)
+        part = R.empty_f32((parts, n), dev)
     # Positional, in the order of KERNELS["rmsnorm_bwd"].args (x, w, dy, rstd, dx, dw_part, rows,
     # x_stride, dy_stride, dx_stride).
     p.handle.launch(grid, stream, xp, wp, dyp, rp, dxp, part.data_ptr() if w is not None else 0, m, xs, dys, n)
     if w is None:
         return None
     dw = torch.empty_like(w)
-    R.column_sums("rmsnorm_dw_reduce", dev, stream, part, parts, dw)
+    R.column_sums(dev, n, dw.dtype).launch(stream, part.data_ptr(), dw.data_ptr(), parts)
     return dw
 
 
@@ -266,6 +266,9 @@ class RMSNormFunction(torch.autograd.Function):
         return (dx if ctx.needs_input_grad[0] else None), (dw if ctx.needs_input_grad[1] else None), None
 
 
+_apply = R.c_apply(RMSNormFunction)
+
+
 def rmsnorm(x: torch.Tensor, weight: torch.Tensor | None = None, eps: float = 1e-6, *,
             bias: torch.Tensor | None = None, residual: torch.Tensor | None = None, prenorm: bool = False,
             residual_dtype: torch.dtype | None = None, out_dtype: torch.dtype | None = None,
@@ -288,7 +291,7 @@ def rmsnorm(x: torch.Tensor, weight: torch.Tensor | None = None, eps: float = 1e
             and weight_offset == 0.0:
         need_grad = torch.is_grad_enabled() and (x.requires_grad or (weight is not None and weight.requires_grad))
         if R.eager(x):  # without a gradient to take, the launch alone: no Function, no rstd stored
-            return RMSNormFunction.apply(x, weight, eps) if need_grad else _fwd(x, weight, eps, False)[0]
+            return _apply(x, weight, eps) if need_grad else _fwd(x, weight, eps, False)[0]
         return torch.ops.normir.rmsnorm_fwd(x, weight, eps, need_grad)[0]
     return fused_norm(x, residual, weight, bias, eps, residual_dtype, out_dtype, weight_offset, prenorm)
 
