@@ -345,23 +345,21 @@ _EAGER_NAMES = {"fused_add_rmsnorm_bwd": ("normir.rmsnorm with a residual, bias,
 
 class FusedNormFunction(torch.autograd.Function):
     """The eager autograd path of the fused norms (the custom ops' registered autograd is the
-    traced one); kernels: the (forward, backward) pair, this module's or LayerNorm's. Returns (y,
-    residual_out); residual_out is None without a residual, or when neither kept (keep) nor
-    needed for a gradient."""
+    traced one), applied only where a gradient is needed (eager_forward): the statistics and
+    residual_out are always stored. kernels: the (forward, backward) pair, this module's or
+    LayerNorm's. Returns (y, residual_out); residual_out is None without a residual."""
 
     @staticmethod
-    def forward(ctx, kernels, x, residual, weight, bias, eps, residual_dtype, out_dtype, weight_offset, keep):
-        need_grad = any(ctx.needs_input_grad[1:5])
+    def forward(ctx, kernels, x, residual, weight, bias, eps, residual_dtype, out_dtype, weight_offset):
         ctx.set_materialize_grads(False)  # an unused residual_out's gradient stays None: not read
         y, res_out, rstd, mean = launch_fwd(x, residual, weight, bias, eps, residual_dtype, out_dtype, weight_offset,
-                                      need_grad, need_grad or keep, kernels[0])
+                                            True, True, kernels[0])
         ctx.kernel = kernels[1]
         ctx.has_residual, ctx.bias_dtype, ctx.weight_offset = residual is not None, bias.dtype if bias is not None \
             else None, weight_offset
         ctx.dtypes = (x.dtype, residual.dtype if residual is not None else None)
         ctx.y_dtype = y.dtype
-        if need_grad:
-            ctx.save_for_backward(res_out if residual is not None else x, weight, rstd, mean)
+        ctx.save_for_backward(res_out if residual is not None else x, weight, rstd, mean)
         return y, res_out
 
     @staticmethod
@@ -376,7 +374,7 @@ class FusedNormFunction(torch.autograd.Function):
         need = ctx.needs_input_grad
         dres = dres if dres is not None else dx
         return (None, (dx if need[1] else None), (dres if ctx.has_residual and need[2] else None),
-                (dw if need[3] else None), (db if need[4] else None), None, None, None, None, None)
+                (dw if need[3] else None), (db if need[4] else None), None, None, None, None)
 
 
 _apply = R.c_apply(FusedNormFunction)
@@ -388,7 +386,7 @@ def eager_forward(kernels, x, residual, weight, bias, eps, residual_dtype, out_d
     if torch.is_grad_enabled() and (x.requires_grad or (residual is not None and residual.requires_grad)
                                     or (weight is not None and weight.requires_grad)
                                     or (bias is not None and bias.requires_grad)):
-        return _apply(kernels, x, residual, weight, bias, eps, residual_dtype, out_dtype, weight_offset, keep)
+        return _apply(kernels, x, residual, weight, bias, eps, residual_dtype, out_dtype, weight_offset)
     y, res_out, _, _ = launch_fwd(x, residual, weight, bias, eps, residual_dtype, out_dtype, weight_offset, False,
                                   keep, kernels[0])
     return y, res_out

@@ -116,6 +116,8 @@ def _bwd(x: torch.Tensor, weight: torch.Tensor | None, dy: torch.Tensor, rstd: t
             xp, dyp, dxp = x.data_ptr(), dy.data_ptr(), dx.data_ptr()
             wp = weight.data_ptr() if weight is not None else 0
             if m and rstd.numel() == m and not (xp | dyp | dxp | wp) & 15:
+                if R.current_device() == dev:  # no device switch to make (the usual case)
+                    return dx, _bwd_launch(hit, dev, x, weight, atomic_dw, m, n, xp, wp, dyp, rstd.data_ptr(), dxp, n, n)
                 with R.on_device(dev):
                     return dx, _bwd_launch(hit, dev, x, weight, atomic_dw, m, n, xp, wp, dyp, rstd.data_ptr(), dxp, n, n)
     dt, n, w = _bwd_checks(x, weight, dy, rstd)
@@ -144,7 +146,7 @@ def _bwd(x: torch.Tensor, weight: torch.Tensor | None, dy: torch.Tensor, rstd: t
 def _bwd_launch(p: R.Plan, dev: int, x: torch.Tensor, w: torch.Tensor | None, atomic_dw: bool, m: int, n: int,
                 xp: int, wp: int, dyp: int, rp: int, dxp: int, xs: int, dys: int) -> torch.Tensor | None:
     """Launch the backward (and the column sums of dw) on the current device; returns dw."""
-    stream = L.stream(dev)
+    stream = R.raw_stream(dev)
     grid = p.grid(m)
     if w is None:
         part = parts = 0
@@ -251,11 +253,9 @@ class RMSNormFunction(torch.autograd.Function):
     """The eager autograd path (the custom op's registered autograd is the traced one)."""
 
     @staticmethod
-    def forward(ctx, x, weight, eps):
-        need_grad = any(ctx.needs_input_grad[:2])
-        y, rstd = _fwd(x, weight, eps, need_grad)
-        if need_grad:
-            ctx.save_for_backward(x, weight, rstd)
+    def forward(ctx, x, weight, eps):  # applied only where a gradient is needed: rstd always stored
+        y, rstd = _fwd(x, weight, eps, True)
+        ctx.save_for_backward(x, weight, rstd)
         return y
 
     @staticmethod
@@ -263,7 +263,8 @@ class RMSNormFunction(torch.autograd.Function):
     def backward(ctx, dy):
         x, weight, rstd = ctx.saved_tensors
         dx, dw = _bwd(x, weight, dy, rstd, False)
-        return (dx if ctx.needs_input_grad[0] else None), (dw if ctx.needs_input_grad[1] else None), None
+        need_x, need_w, _ = ctx.needs_input_grad
+        return (dx if need_x else None), (dw if need_w else None), None
 
 
 _apply = R.c_apply(RMSNormFunction)
