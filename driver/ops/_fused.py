@@ -104,8 +104,8 @@ def _fwd_fast(x, residual, weight, bias, eps, residual_dtype, out_dtype, weight_
         return None
     rstd = mean = None
     if store_rstd:
-        rstd = R.empty_f32(x.shape[:-1], dev)
-        mean = R.empty_f32(x.shape[:-1], dev) if has_mean else None
+        rstd = R.empty_f32(x.shape, dev, per_row=True)
+        mean = R.empty_f32(x.shape, dev, per_row=True) if has_mean else None
     m = x.numel() // n
     if m:
         # Positional, in the order of NORM_FWD's arguments (x, residual, w, b, y, residual_out,
@@ -138,9 +138,9 @@ def launch_fwd(x: torch.Tensor, residual: torch.Tensor | None, weight: torch.Ten
     stored = store_residual and residual is not None
     res_out = torch.empty(x.shape, dtype=h_dtype, device=x.device) if stored else None
     dev = x.get_device()
-    rstd = R.empty_f32(x.shape[:-1], dev) if store_rstd else None
+    rstd = R.empty_f32(x.shape, dev, per_row=True) if store_rstd else None
     has_mean = L.KERNELS[kernel].stats.has_mean
-    mean = R.empty_f32(x.shape[:-1], dev) if store_rstd and has_mean else None
+    mean = R.empty_f32(x.shape, dev, per_row=True) if store_rstd and has_mean else None
     if m:
         rows = (x2, r2, y, res_out)
         vec = R.vector_width(n, (*rows, w, b), (xs, rs) if r2 is not None else (xs,), rows=len(rows))

@@ -151,14 +151,17 @@ class on_device:
 _F32_PROTOS: dict[tuple, torch.Tensor] = {}
 
 
-def empty_f32(shape: tuple[int, ...], dev: int) -> torch.Tensor:
-    """A new contiguous float32 tensor of `shape` on GPU `dev` (uninitialized)."""
-    key = (shape, dev)
+def empty_f32(shape: tuple[int, ...], dev: int, per_row: bool = False) -> torch.Tensor:
+    """A new contiguous float32 tensor of `shape` on GPU `dev` (uninitialized); per_row: of
+    shape[:-1] (a per-row statistic of rows shaped `shape`: the key is x.shape itself, which
+    saves slicing it, 0.4 us, on every call)."""
+    key = (shape, dev, per_row)
     proto = _F32_PROTOS.get(key)
     if proto is None:
         if len(_F32_PROTOS) >= 256:  # many distinct shapes: start over rather than grow
             _F32_PROTOS.clear()
-        proto = _F32_PROTOS[key] = torch.empty(1, dtype=torch.float32, device=torch.device("cuda", dev)).expand(shape)
+        one = torch.empty(1, dtype=torch.float32, device=torch.device("cuda", dev))
+        proto = _F32_PROTOS[key] = one.expand(shape[:-1] if per_row else shape)
     return torch.empty_like(proto)
 
 

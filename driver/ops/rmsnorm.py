@@ -46,7 +46,7 @@ def _fwd(x: torch.Tensor, weight: torch.Tensor | None, eps: float,
             wp = weight.data_ptr() if weight is not None else 0
             if not (xp | yp | wp) & 15:  # else an unaligned tensor: the general path narrows the vector
                 m = x.numel() // n
-                rstd = R.empty_f32(x.shape[:-1], dev) if store_rstd else None
+                rstd = R.empty_f32(x.shape, dev, per_row=True) if store_rstd else None
                 if m:
                     grid = -(-m // rows) * cluster
                     rp = rstd.data_ptr() if store_rstd else 0
@@ -67,7 +67,7 @@ def _fwd(x: torch.Tensor, weight: torch.Tensor | None, eps: float,
     # empty_like is the cheapest allocation call (about 4 us less than torch.empty(shape, ...)).
     y = torch.empty_like(x) if x2 is x else torch.empty(x.shape, dtype=x.dtype, device=x.device)
     dev = x.get_device()
-    rstd = R.empty_f32(x.shape[:-1], dev) if store_rstd else None
+    rstd = R.empty_f32(x.shape, dev, per_row=True) if store_rstd else None
     if m:
         vec = R.vector_width(n, (x2, y, w), (xs,))
         wdt = L.TORCH_DTYPES[w.dtype] if w is not None else dt
