@@ -20,6 +20,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 import torch
+from bench import host_us  # the benchmark's small-call timer (scripts/ is on sys.path when run)
 from torch.autograd.function import _SingleLevelFunction
 
 N = 4096
@@ -27,17 +28,6 @@ MS = (1, 16, 128)
 CALLS = 2000
 ROUNDS = 5
 EPS = 1e-6
-
-
-def us_per_call(fn: Callable[[], object], calls: int = CALLS) -> float:
-    for _ in range(50):
-        fn()
-    torch.cuda.synchronize()
-    t0 = time.perf_counter()
-    for _ in range(calls):
-        fn()
-    torch.cuda.synchronize()
-    return (time.perf_counter() - t0) / calls * 1e6
 
 
 def steps(m: int) -> dict[str, Callable[[], object]]:
@@ -188,7 +178,7 @@ def main(argv: list[str] | None = None) -> int:
         for r in range(ROUNDS):
             names = list(fns)
             for name in names[r % len(names):] + names[:r % len(names)]:
-                rounds[name].append(us_per_call(fns[name]))
+                rounds[name].append(host_us(fns[name], CALLS))
         for name, ts in rounds.items():
             rows.append({"M": m, "N": N, "step": name, "us": statistics.median(ts), "us_rounds": ts})
     inside_the_engine()
