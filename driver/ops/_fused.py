@@ -62,7 +62,6 @@ def fwd_checks(x, residual, weight, bias, eps, residual_dtype, out_dtype, weight
 # positionally. A miss, or anything unusual, takes the general path, which fills the table.
 _FWD_SEEN: dict[tuple, tuple] = L.derived_cache({})
 _BWD_SEEN: dict[tuple, tuple] = L.derived_cache({})
-_PLAIN = (torch.Tensor, torch.nn.Parameter)  # a module's Parameter changes nothing here
 
 
 def _col_key(t: torch.Tensor | None) -> tuple:
@@ -82,8 +81,8 @@ def _fwd_fast(x, residual, weight, bias, eps, residual_dtype, out_dtype, weight_
     """launch_fwd's outputs for a call like one seen before, or None (take the general path)."""
     if not (type(x) is torch.Tensor and type(eps) is float and type(weight_offset) is float
             and type(store_rstd) is bool and type(store_residual) is bool and x.dim()
-            and (residual is None or type(residual) is torch.Tensor) and (weight is None or type(weight) in _PLAIN)
-            and (bias is None or type(bias) in _PLAIN)):
+            and (residual is None or type(residual) is torch.Tensor) and (weight is None or type(weight) in R.PLAIN)
+            and (bias is None or type(bias) in R.PLAIN)):
         return None
     hit = _FWD_SEEN.get(_fwd_key(kernel, x, residual, weight, bias, eps, residual_dtype, out_dtype, weight_offset,
                                  store_rstd, store_residual))
@@ -202,7 +201,7 @@ def _bwd_fast(dy, h, weight, rstd, g, bias_dtype, weight_offset, dx_dtype, dres_
     """launch_bwd's outputs for a call like one seen before, or None (take the general path)."""
     if not (type(dy) is torch.Tensor and type(h) is torch.Tensor and type(rstd) is torch.Tensor
             and (g is None or type(g) is torch.Tensor) and (mean is None or type(mean) is torch.Tensor)
-            and (weight is None or type(weight) in _PLAIN) and type(weight_offset) is float and type(atomic) is bool
+            and (weight is None or type(weight) in R.PLAIN) and type(weight_offset) is float and type(atomic) is bool
             and h.dim()):
         return None
     hit = _BWD_SEEN.get(_bwd_key(kernel, dy, h, weight, g, bias_dtype, weight_offset, dx_dtype, dres_dtype, atomic,

@@ -116,6 +116,10 @@ def vector_width(n: int, tensors: tuple[torch.Tensor | None, ...], strides: tupl
     return L.vector_width(n, eb, tuple(ptrs), strides)
 
 
+# The fast paths take a weight that is a plain tensor or a module's Parameter (a subclass that
+# changes nothing here); any other subclass goes through the checks.
+PLAIN = (torch.Tensor, torch.nn.Parameter)
+
 current_device = getattr(torch._C, "_cuda_getDevice", None) or torch.cuda.current_device
 raw_stream = L.stream if L._raw_stream is None else L._raw_stream  # skips a Python call where torch has it
 

@@ -17,8 +17,6 @@ from .fused_add_rmsnorm import fused_norm
 
 # ---------------------------------------------------------------------------- launches
 
-# A weight may be a plain tensor or a module's Parameter (a subclass that changes nothing here).
-_PLAIN = (torch.Tensor, torch.nn.Parameter)
 
 # Small calls are dominated by host time, so a call that looks like one already checked and
 # launched (same dtypes, N, weight shape and device, eps, flags; contiguous, 16-byte aligned)
@@ -31,7 +29,7 @@ _BWD_SEEN: dict[tuple, tuple] = L.derived_cache({})
 def _fwd(x: torch.Tensor, weight: torch.Tensor | None, eps: float,
          store_rstd: bool) -> tuple[torch.Tensor, torch.Tensor | None]:
     """The forward on real tensors: (y, rstd), rstd None unless store_rstd."""
-    if type(eps) is float and type(store_rstd) is bool and x.dim() and (weight is None or type(weight) in _PLAIN):
+    if type(eps) is float and type(store_rstd) is bool and x.dim() and (weight is None or type(weight) in R.PLAIN):
         dev = x.get_device()
         n = x.shape[-1]
         if weight is None:
@@ -100,7 +98,7 @@ def _bwd(x: torch.Tensor, weight: torch.Tensor | None, dy: torch.Tensor, rstd: t
          atomic_dw: bool) -> tuple[torch.Tensor, torch.Tensor | None]:
     """The backward on real tensors: (dx, dw), dw None without a weight."""
     if type(dy) is torch.Tensor and type(rstd) is torch.Tensor and type(atomic_dw) is bool and x.dim() and (
-            weight is None or type(weight) in _PLAIN):
+            weight is None or type(weight) in R.PLAIN):
         dev = x.get_device()
         n = x.shape[-1]
         if weight is None:
