@@ -426,11 +426,11 @@ def fwd_layout(opts: Options, tgt: targets.Target, work: RowWork) -> Layout:
     sixteen = {lay.vec * DTYPES[t] for t in row_types(work, opts)} == {MAX_VECTOR_BYTES}
     if policy and tgt.hints and lay.cluster == 1 and sixteen \
             and FWD_STREAM_CHUNKS[0] <= lay.nchunk <= FWD_STREAM_CHUNKS[1]:
-        return _streamed(lay, two_reads=len(reads(work, opts)) > 1)
+        return _streamed(lay, two_reads=len(reads(work, opts)) > 1, sums=work.sums)
     return lay
 
 
-def _streamed(lay: Layout, two_reads: bool = False) -> Layout:
+def _streamed(lay: Layout, two_reads: bool = False, sums: int = 1) -> Layout:
     """A row of 128-4096 16-byte chunks, read twice: pass 1 asks L2 to keep its lines
     (evict_last), pass 2 reads them again (its last use: evict_first) and writes, with 2 chunks
     per thread up to 512 threads, then 4 up to 1024. Fewer live registers and short blocks beat
@@ -448,11 +448,20 @@ def _streamed(lay: Layout, two_reads: bool = False) -> Layout:
     *tune-v68* to -v70), GB/s against the one-read layout: N=1024 as 128 x 1 4231-4255 against
     4087-4102 (64 x 2), 2048 4220-4243 against 4102-4132, 4096 as 512 x 1 4260 against 4119,
     8192 as 1024 x 1 4247-4262 against 4146-4166; 16384 as 1024 x 2 4179-4211 against 3911-3964
-    (512 x 4 batched)."""
+    (512 x 4 batched).
+
+    sums (fp32 values per row through the reductions; RMSNorm 1, LayerNorm's forward 3: count,
+    mean, M2): a wider row summary costs more per reduction step, so one-read rows with more
+    than one take 4 chunks per thread, half the threads of 2, from 8 warps' worth of chunks on (a
+    shorter row keeps at least 2 warps). On the H200 (LayerNorm, bf16, weight and bias,
+    *tune-v72*), GB/s against 2 chunks: 2048 4042-4062 against 3791, 2880 3653-3677 against
+    3059-3069, 4096 4039-4059 against 3687-3705, 7168 3970-3989 against 3030-3040, 8192
+    4054-4077 against 3401-3408; 1 chunk per thread lost everywhere (2076-3268)."""
     if two_reads:
         k = 1 if lay.nchunk <= MAX_THREADS else 2 if lay.nchunk <= 2 * MAX_THREADS else 4
     else:
-        k = 2 if lay.nchunk <= MAX_THREADS else 4
+        wide = sums > 1 and lay.nchunk >= 8 * lay.warp
+        k = 2 if lay.nchunk <= MAX_THREADS and not wide else 4
     # Whole warps, each thread owning a chunk (at most nchunk threads): rows of 1 chunk per thread
     # whose chunk count is not a multiple of the warp (N=2880: 360) round the threads down, and
     # the first threads take a second, masked-tail chunk (see _forced for why none may own none).

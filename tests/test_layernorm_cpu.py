@@ -109,9 +109,11 @@ def test_options_and_flags():
 
 
 def test_layout_sees_one_read_without_a_residual():
-    # LayerNorm's one kernel takes the plain forward's layout without a residual and the fused
-    # add's with one (two rows read in pass 1).
+    # LayerNorm's one kernel takes the streamed layout of one read without a residual, with 4
+    # chunks per thread where RMSNorm takes 2 (its row summary is 3 values), and the fused add's
+    # with one (two rows read in pass 1).
     plain = Options(kernel="layernorm_fwd", n=4096).layout
-    assert (plain.tpr, plain.k) == (Options(kernel="rmsnorm_fwd", n=4096).layout.tpr, 2)
+    assert (plain.tpr, plain.k, plain.batch_reload) == (Options(kernel="rmsnorm_fwd", n=4096).layout.tpr // 2, 4, True)
+    assert Options(kernel="layernorm_fwd", n=1024).layout.tpr == 64  # 2 warps at least: 2 chunks each
     fused = Options(kernel="layernorm_fwd", n=4096, rdtype="bf16", store_residual=True).layout
     assert (fused.tpr, fused.k) == (512, 1)
