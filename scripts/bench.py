@@ -16,7 +16,8 @@ Everything runs in one process, on one GPU, on the same inputs:
   call, a wall clock over many back-to-back calls followed by one synchronize (host overhead +
   launch), for each op of SMALL_OPS: the forward (normir's ``rmsnorm_fwd``), the autograd path's
   forward (a weight that requires grad), forward + backward through autograd, and the other
-  forwards; normir over torch eager per row.
+  forwards; normir over torch eager per row. The forwards (GRAPH_OPS) are also timed inside a
+  CUDA graph of GRAPH_CALLS captured calls: the device's microseconds per call, no host time.
 
 Providers (``PROVIDERS`` below; a peer whose import fails is skipped with the reason printed):
 normir (``rmsnorm_fwd``; backward as one ``rmsnorm_bwd`` call, dx + dw), normir-atomic (the same
@@ -92,6 +93,10 @@ SMALL_CALLS = 2000
 # their forward), fwd_grad (the autograd path: a forward recording a graph for a weight that
 # requires grad), fwdbwd (forward and backward through autograd), and each other forward.
 SMALL_OPS = ("fwd", "fwd_grad", "fwdbwd", "add_fwd", "ln_fwd", "add_ln_fwd")
+# The forwards are also timed inside a CUDA graph of GRAPH_CALLS back-to-back calls: the device's
+# time per call with no host time in it (what a captured model pays per norm).
+GRAPH_OPS = ("fwd", "add_fwd", "ln_fwd", "add_ln_fwd")
+GRAPH_CALLS = 100
 DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
 OPS = ("fwd", "bwd", "fwdbwd", "add_fwd", "add_bwd", "ln_fwd", "ln_bwd", "add_ln_fwd", "add_ln_bwd")
 BYTES_PER_ELEM = {"fwd": 2, "bwd": 3, "fwdbwd": 5, "add_fwd": 4, "add_bwd": 4,  # M x N tensors each op moves
@@ -576,9 +581,26 @@ def host_us(fn: Callable[[], Any], calls: int = SMALL_CALLS) -> float:
     return (time.perf_counter() - t0) / calls * 1e6
 
 
+def graph_us(fn: Callable[[], Any], calls: int = GRAPH_CALLS) -> float:
+    """Microseconds per call inside a CUDA graph of `calls` back-to-back calls of fn, captured
+    after a warm-up on a side stream (kernel loads, compilation) as torch.cuda.graph asks."""
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        for _ in range(3):
+            fn()
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        for _ in range(calls):
+            fn()
+    return bench_ms(graph.replay) * 1e3 / calls
+
+
 def small_row(providers: list[Provider], op: str, m: int, dtype: torch.dtype, rounds: int) -> dict[str, Any]:
     """Host-visible us per call of `op` for every provider that has it, on one m x SMALL_N
-    shape: the median of `rounds` rotated rounds."""
+    shape: the median of `rounds` rotated rounds; for GRAPH_OPS also the us per call inside a
+    CUDA graph (graph_us)."""
     def rnd(*shape):
         return torch.randn(*shape, device="cuda", dtype=dtype)
 
@@ -586,8 +608,12 @@ def small_row(providers: list[Provider], op: str, m: int, dtype: torch.dtype, ro
                dh=rnd(m, SMALL_N), b=rnd(SMALL_N))
     fns = {p.name: p.ops[op] for p in providers if op in p.ops}
     us, us_rounds, errors = in_rounds(list(fns), rounds, lambda name: host_us(fns[name](t)))
-    return {"op": op, "M": m, "N": SMALL_N, "calls": SMALL_CALLS, "us": us, "us_rounds": us_rounds,
-            "errors": errors}
+    row = {"op": op, "M": m, "N": SMALL_N, "calls": SMALL_CALLS, "us": us, "us_rounds": us_rounds, "errors": errors}
+    if op in GRAPH_OPS:
+        row["graph_us"], row["graph_us_rounds"], graph_errors = in_rounds(
+            list(fns), rounds, lambda name: graph_us(fns[name](t)))
+        errors.update({k: f"in a CUDA graph: {e}" for k, e in graph_errors.items() if k not in errors})
+    return row
 
 
 def measure_small(providers: list[Provider], dtype: torch.dtype, rounds: int) -> list[dict[str, Any]]:
@@ -672,6 +698,11 @@ def small_table(rows: list[dict[str, Any]]) -> str:
                 for r in mine]
         parts.append(f"small M, {op} (host-visible us per call over {SMALL_CALLS} calls, median of the rounds)\n"
                      + table(["M x N", *names, "normir/torch"], body))
+        graphed = [r for r in mine if r.get("graph_us")]
+        if graphed:
+            body = [[f"{r['M']}x{r['N']}", *(fmt(r["graph_us"].get(k), 2) for k in names)] for r in graphed]
+            parts.append(f"small M, {op} inside a CUDA graph (us per call over {GRAPH_CALLS} captured calls, "
+                         "median of the rounds)\n" + table(["M x N", *names], body))
     return "\n\n".join(parts)
 
 

@@ -218,6 +218,16 @@ def test_small_calls_table_per_op_with_normir_over_torch():
     assert "normir/torch" in fwd and " 0.50" in fwd and " 1.00" in grad and "n/a" in fwd  # quack failed
 
 
+def test_small_calls_inside_a_cuda_graph_get_their_own_table():
+    rows = [{"op": "fwd", "M": m, "N": 4096, "us": {"normir": 10.0, "torch": 20.0},
+             "graph_us": {"normir": 2.5 * m, "torch": None}} for m in (1, 16)]
+    rows.append({"op": "fwd_grad", "M": 1, "N": 4096, "us": {"normir": 30.0, "torch": 20.0}})
+    parts = bench.small_table(rows).split("\n\n")
+    assert len(parts) == 3 and "inside a CUDA graph" in parts[1] and "inside a CUDA graph" not in parts[2]
+    assert " 2.50" in parts[1] and " 40.00" in parts[1] and "n/a" in parts[1]  # torch's capture failed
+    assert set(bench.GRAPH_OPS) <= set(bench.SMALL_OPS)
+
+
 def test_the_autograd_forward_records_a_graph():
     t = bench.Inputs(x=torch.randn(2, 8), residual=None, w=torch.randn(8), dy=None, dh=None)
     y = bench.autograd_forward(lambda x, w, eps: x * w)(t)()
