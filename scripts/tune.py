@@ -1,6 +1,7 @@
 """Time layout variants (threads per row) of the RMSNorm kernels (fwd, bwd), the fused
 residual add's (add_fwd, add_bwd: residual in x's type, d_residual_out given) and LayerNorm's
-(ln_fwd, ln_bwd: a weight and a bias, eps 1e-5) side by side on one GPU.
+(ln_fwd, ln_bwd: a weight and a bias, eps 1e-5; add_ln_fwd: its fused add, the residual in x's
+type) side by side on one GPU.
 
     python scripts/tune.py plan        # print the variants' Options (for `normir aot`)
     python scripts/tune.py run         # on the GPU: GB/s per variant, M*N = 2^27, bf16
@@ -18,24 +19,32 @@ import os
 import sys
 
 VARIANTS = {  # (op, N, dtype): layouts to compare, as NORMIR_TPR values ("0": the policy's)
-    # LayerNorm's forward (weight and bias) at the streamed layout's 2 chunks per thread against
-    # 4 (the k that reaches 97.8% of copy at 16384) and 1, streamed as the policy did it (h21:
-    # pass 1 keeps its lines in L2 and L1, the second read evicts first; r0: re-read, not held;
-    # b1: pass 2's loads batched), and 4 held in registers (v72). The policy took 2 then ("0"); it
-    # takes 4 since (docs/results/2026-12-01n-h200.md).
-    ("ln_fwd", 2048, "bf16"): ("0", "64h21r0b1", "256h21r0", "64"),
-    ("ln_fwd", 2880, "bf16"): ("0", "96h21r0b1", "128h21r0", "96"),
-    ("ln_fwd", 4096, "bf16"): ("0", "128h21r0b1", "512h21r0", "128"),
-    ("ln_fwd", 7168, "bf16"): ("0", "224h21r0b1", "896h21r0", "224"),
-    ("ln_fwd", 8192, "bf16"): ("0", "256h21r0b1", "1024h21r0", "256"),
+    # v73 (not run yet). LayerNorm's forward where v72 left it: 1024 at one warp of 4 chunks, 2880
+    # held in registers (v72's best there). The fused-add LayerNorm's two-read rows at 1 chunk per
+    # thread (the policy's) against 2 and 4, streamed as the policy streams them (h21, and h53
+    # past 1024 chunks: their second read evicts L1 first; r0: re-read; b1: batched). The
+    # backward at half the threads per row with twice the chunks (its sums: S1, S2, dw, db).
+    ("ln_fwd", 1024, "bf16"): ("0", "32h21r0b1"),
+    ("ln_fwd", 2880, "bf16"): ("0", "96"),
+    ("add_ln_fwd", 2048, "bf16"): ("0", "128h21r0", "64h21r0b1"),
+    ("add_ln_fwd", 4096, "bf16"): ("0", "256h21r0", "128h21r0b1"),
+    ("add_ln_fwd", 7168, "bf16"): ("0", "448h21r0", "224h21r0b1"),
+    ("add_ln_fwd", 8192, "bf16"): ("0", "512h21r0", "256h21r0b1"),
+    ("add_ln_fwd", 16384, "bf16"): ("0", "512h53r0b1"),
+    ("ln_bwd", 1024, "bf16"): ("0", "32"),
+    ("ln_bwd", 4096, "bf16"): ("0", "128"),
+    ("ln_bwd", 8192, "bf16"): ("0", "256x1", "512x1"),
+    ("ln_bwd", 16384, "bf16"): ("0", "512x1", "256x2"),
 }
 KERNEL = {"fwd": "rmsnorm_fwd", "bwd": "rmsnorm_bwd", "add_fwd": "fused_add_rmsnorm_fwd",
-          "add_bwd": "fused_add_rmsnorm_bwd", "ln_fwd": "layernorm_fwd", "ln_bwd": "layernorm_bwd"}
+          "add_bwd": "fused_add_rmsnorm_bwd", "ln_fwd": "layernorm_fwd", "ln_bwd": "layernorm_bwd",
+          "add_ln_fwd": "layernorm_fwd"}
 # The fused kernels' feature options (the bf16 residual, d_residual_out; LayerNorm's bias, whose
 # column sums the backward keeps in fp32) for launch.handle.
 EXTRA = {"add_fwd": (("rdtype", "bf16"), ("store_residual", True)), "add_bwd": (("has_dres_out", True),),
-         "ln_fwd": (("bdtype", "bf16"),), "ln_bwd": (("bdtype", "f32"),)}
-BYTES = {"fwd": 2, "bwd": 3, "add_fwd": 4, "add_bwd": 4, "ln_fwd": 2, "ln_bwd": 3}
+         "ln_fwd": (("bdtype", "bf16"),), "ln_bwd": (("bdtype", "f32"),),
+         "add_ln_fwd": (("rdtype", "bf16"), ("sdtype", "bf16"), ("bdtype", "bf16"), ("store_residual", True))}
+BYTES = {"fwd": 2, "bwd": 3, "add_fwd": 4, "add_bwd": 4, "ln_fwd": 2, "ln_bwd": 3, "add_ln_fwd": 4}
 EPS, LN_EPS = 1e-6, 1e-5  # RMSNorm's and LayerNorm's (a backward's kernel is keyed on BWD_KEY_EPS)
 
 
@@ -68,7 +77,7 @@ def plan() -> list[dict]:
                 out += [{**d, **knobs} if d["kernel"] != "rmsnorm_dw_reduce" else d
                         for d in fused_bwd(n, dt, dt, vec=vec)] + [fused_fwd(n, dt, dt, vec=vec)]
                 continue
-            if op in ("ln_fwd", "ln_bwd"):
+            if op in ("ln_fwd", "ln_bwd", "add_ln_fwd"):
                 out += _ln_plan(op, n, dt, vec, knobs)
                 continue
             fwd = dict(kernel="rmsnorm_fwd", n=n, dtype=dt, wdtype=dt, eps=1e-6, target="sm_90", vec=vec)
@@ -92,6 +101,8 @@ def _ln_plan(op: str, n: int, dt: str, vec: int, knobs: dict) -> list[dict]:
     from normir.ops.rmsnorm import BWD_KEY_EPS
 
     fwd = dict(kernel="layernorm_fwd", n=n, dtype=dt, wdtype=dt, eps=LN_EPS, target="sm_90", vec=vec, bdtype=dt)
+    if op == "add_ln_fwd":  # the residual in x's type, residual_out stored, no statistics
+        return [{**fwd, **knobs, "rdtype": dt, "sdtype": dt, "store_residual": True, "store_rstd": False}]
     if op == "ln_fwd":
         return [{**fwd, **knobs, "store_rstd": False}, {**fwd, **knobs, "store_rstd": True}]
     bwd = dict(kernel="layernorm_bwd", n=n, dtype=dt, wdtype=dt, eps=BWD_KEY_EPS, target="sm_90", vec=vec,
@@ -105,6 +116,8 @@ def _ln_plan(op: str, n: int, dt: str, vec: int, knobs: dict) -> list[dict]:
 def _outputs(normir, op: str, x, w, dy, bias) -> tuple:
     if op == "ln_fwd":
         return (normir.layernorm_fwd(x, w, bias, LN_EPS)[0],)
+    if op == "add_ln_fwd":
+        return normir.fused_add_layernorm_fwd(x, dy, w, bias, LN_EPS)[:2]  # dy stands in for the residual
     if op == "ln_bwd":
         _, mean, rstd = normir.layernorm_fwd(x, w, bias, LN_EPS, store_stats=True)
         return normir.layernorm_bwd(x, w, dy, mean, rstd, has_bias=True)
@@ -123,6 +136,8 @@ def _timed(normir, op: str, x, w, dy, bias) -> dict:
     """The calls to time for one placement: {tag: fn}."""
     if op == "ln_fwd":
         return {"": lambda: normir.layernorm_fwd(x, w, bias, LN_EPS)}
+    if op == "add_ln_fwd":
+        return {"": lambda: normir.fused_add_layernorm_fwd(x, dy, w, bias, LN_EPS)}
     if op == "ln_bwd":
         _, mean, rstd = normir.layernorm_fwd(x, w, bias, LN_EPS, store_stats=True)
         return {"": lambda: normir.layernorm_bwd(x, w, dy, mean, rstd, has_bias=True),
@@ -184,7 +199,7 @@ def run() -> None:
                 os.environ["NORMIR_TPR"] = "" if variant == "0" else f"{KERNEL[op]}:{n}={variant}"
                 launch.clear_handles()
                 nbytes = BYTES[op] * m * n * sets[0][0].element_size()
-                eps = LN_EPS if op == "ln_fwd" else EPS  # EPS is BWD_KEY_EPS too
+                eps = LN_EPS if op in ("ln_fwd", "add_ln_fwd") else EPS  # EPS is BWD_KEY_EPS too
                 h, lay = launch.handle(KERNEL[op], 0, n, dt, dt, eps, True, False, 16 // sets[0][0].element_size(),
                                        extra=EXTRA.get(op, ()))
                 got = _outputs(normir, op, *sets[0])
