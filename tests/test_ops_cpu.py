@@ -65,3 +65,21 @@ def test_eager_or_custom_op():
     mode = FakeTensorMode()
     fake = FakeTensor(mode, torch.empty((2,), device="meta"), torch.device("cuda", 0))
     assert not _rows.eager(fake)
+
+
+def test_launch_switches_the_device_only_for_another(monkeypatch):
+    # _rows.launch: on the current device straight to the handle (no guard); on another, the thread's
+    # device switched around the launch and back. Each on the device's own current stream.
+    cur, switched, calls = [0], [], []
+
+    class Handle:
+        def launch(self, grid, stream, *args):
+            calls.append((grid, stream, args, cur[0]))
+
+    monkeypatch.setattr(_rows, "current_device", lambda: cur[0])
+    monkeypatch.setattr(_rows, "raw_stream", lambda dev: 100 + dev)
+    monkeypatch.setattr(torch.cuda, "set_device", lambda d: (switched.append(d), cur.__setitem__(0, d)))
+    _rows.launch(0, Handle(), 4, 1, 2)
+    assert calls == [(4, 100, (1, 2), 0)] and switched == []
+    _rows.ColumnSums(Handle(), 3).launch(1, 7, 8, 9)
+    assert calls[1] == (3, 101, (7, 8, 9), 1) and switched == [1, 0] and cur[0] == 0

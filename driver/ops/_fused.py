@@ -111,9 +111,8 @@ def _fwd_fast(x, residual, weight, bias, eps, residual_dtype, out_dtype, weight_
         # rstd, [mean], rows, x_stride, residual_stride, y_stride, residual_out_stride).
         st = (rstd.data_ptr() if rstd is not None else 0,) + (
             ((mean.data_ptr() if mean is not None else 0),) if has_mean else ())
-        with R.on_device(dev):
-            h.launch(-(-m // rows) * cluster, L.stream(dev), xp, rp, wp, bp, yp, hp, *st, m, n,
-                     n if residual is not None else 0, n, n)
+        R.launch(dev, h, -(-m // rows) * cluster, xp, rp, wp, bp, yp, hp, *st, m, n, n if residual is not None else 0,
+                 n, n)
     return y, res_out, rstd, mean
 
 
@@ -236,17 +235,15 @@ def _bwd_launch(p: R.Plan, dev: int, m: int, n: int, atomic: bool, ptrs: tuple[i
                 strides: tuple[int, int, int], dw: torch.Tensor | None, db: torch.Tensor | None) -> None:
     """Launch a backward kernel and the column sums of dw and db. ptrs: x, w, dy, rstd, [mean],
     dres_out, dx, dres; strides: x's, dy's and dres_out's rows."""
-    with R.on_device(dev):
-        stream = L.stream(dev)
-        parts = p.clusters(m) * p.layout.rows if not atomic else 1
-        dw_part, db_part = ((_partials(parts, n, dev, atomic) if t is not None else None) for t in (dw, db))
-        # Positional, in the order of NORM_BWD's arguments (x, w, dy, rstd, [mean], dres_out, dx,
-        # dres, dw_part, db_part, rows, x_stride, dy_stride, dres_out_stride, dx_stride, dres_stride).
-        p.handle.launch(p.grid(m), stream, *ptrs, dw_part.data_ptr() if dw_part is not None else 0,
-                        db_part.data_ptr() if db_part is not None else 0, m, *strides, n, n)
-        for part, out in ((dw_part, dw), (db_part, db)):
-            if part is not None:
-                R.column_sums(dev, n, out.dtype).launch(stream, part.data_ptr(), out.data_ptr(), parts)
+    parts = p.clusters(m) * p.layout.rows if not atomic else 1
+    dw_part, db_part = ((_partials(parts, n, dev, atomic) if t is not None else None) for t in (dw, db))
+    # Positional, in the order of NORM_BWD's arguments (x, w, dy, rstd, [mean], dres_out, dx, dres,
+    # dw_part, db_part, rows, x_stride, dy_stride, dres_out_stride, dx_stride, dres_stride).
+    R.launch(dev, p.handle, p.grid(m), *ptrs, dw_part.data_ptr() if dw_part is not None else 0,
+             db_part.data_ptr() if db_part is not None else 0, m, *strides, n, n)
+    for part, out in ((dw_part, dw), (db_part, db)):
+        if part is not None:
+            R.column_sums(dev, n, out.dtype).launch(dev, part.data_ptr(), out.data_ptr(), parts)
 
 
 def _partials(parts: int, n: int, dev: int, atomic: bool) -> torch.Tensor:

@@ -169,6 +169,17 @@ def empty_f32(shape: tuple[int, ...], dev: int, per_row: bool = False) -> torch.
     return torch.empty_like(proto)
 
 
+def launch(dev: int, handle: LaunchHandle, grid: int, *args: int) -> None:
+    """handle.launch on GPU dev's current stream (positional arguments, in the kernel's order),
+    from dev's context: the thread's device is switched for the launch only where it is another
+    (the usual call switches nothing, and takes no context manager's calls)."""
+    if current_device() == dev:
+        handle.launch(grid, raw_stream(dev), *args)
+        return
+    with on_device(dev):
+        handle.launch(grid, raw_stream(dev), *args)
+
+
 def stat_out(x: torch.Tensor, stored: bool) -> torch.Tensor:
     """A per-row fp32 output (x.shape[:-1]), or an empty one when the op does not store it."""
     return torch.empty(x.shape[:-1] if stored else (0,), dtype=torch.float32, device=x.device)
@@ -219,10 +230,10 @@ class ColumnSums:
     handle: LaunchHandle
     grid: int
 
-    def launch(self, stream: int, part: int, out: int, parts: int) -> None:
+    def launch(self, dev: int, part: int, out: int, parts: int) -> None:
         """part: the (parts, N) fp32 partial rows' pointer; out: the (N,) output's."""
         # Positional, in the order of KERNELS["rmsnorm_dw_reduce"].args (part, out, parts).
-        self.handle.launch(self.grid, stream, part, out, parts)
+        launch(dev, self.handle, self.grid, part, out, parts)
 
 
 _sums: dict[tuple, ColumnSums] = L.derived_cache({})

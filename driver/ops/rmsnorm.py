@@ -50,11 +50,7 @@ def _fwd(x: torch.Tensor, weight: torch.Tensor | None, eps: float,
                     rp = rstd.data_ptr() if store_rstd else 0
                     # Positional, in the order of KERNELS["rmsnorm_fwd"].args (x, w, y, rstd, rows,
                     # x_stride, y_stride): no names to look up on this path.
-                    if R.current_device() == dev:
-                        h.launch(grid, R.raw_stream(dev), xp, wp, yp, rp, m, n, n)
-                    else:
-                        with R.on_device(dev):
-                            h.launch(grid, L.stream(dev), xp, wp, yp, rp, m, n, n)
+                    R.launch(dev, h, grid, xp, wp, yp, rp, m, n, n)
                 return y, rstd
     eps = check_eps(eps)
     dt = check_input(x, "x")
@@ -114,10 +110,7 @@ def _bwd(x: torch.Tensor, weight: torch.Tensor | None, dy: torch.Tensor, rstd: t
             xp, dyp, dxp = x.data_ptr(), dy.data_ptr(), dx.data_ptr()
             wp = weight.data_ptr() if weight is not None else 0
             if m and rstd.numel() == m and not (xp | dyp | dxp | wp) & 15:
-                if R.current_device() == dev:  # no device switch to make (the usual case)
-                    return dx, _bwd_launch(hit, dev, x, weight, atomic_dw, m, n, xp, wp, dyp, rstd.data_ptr(), dxp, n, n)
-                with R.on_device(dev):
-                    return dx, _bwd_launch(hit, dev, x, weight, atomic_dw, m, n, xp, wp, dyp, rstd.data_ptr(), dxp, n, n)
+                return dx, _bwd_launch(hit, dev, x, weight, atomic_dw, m, n, xp, wp, dyp, rstd.data_ptr(), dxp, n, n)
     dt, n, w = _bwd_checks(x, weight, dy, rstd)
     x2, xs = rows_of(x)
     dy2, dys = rows_of(dy)
@@ -143,8 +136,7 @@ def _bwd(x: torch.Tensor, weight: torch.Tensor | None, dy: torch.Tensor, rstd: t
 
 def _bwd_launch(p: R.Plan, dev: int, x: torch.Tensor, w: torch.Tensor | None, atomic_dw: bool, m: int, n: int,
                 xp: int, wp: int, dyp: int, rp: int, dxp: int, xs: int, dys: int) -> torch.Tensor | None:
-    """Launch the backward (and the column sums of dw) on the current device; returns dw."""
-    stream = R.raw_stream(dev)
+    """Launch the backward (and the column sums of dw) on GPU dev; returns dw."""
     grid = p.grid(m)
     if w is None:
         part = parts = 0
@@ -155,11 +147,11 @@ def _bwd_launch(p: R.Plan, dev: int, x: torch.Tensor, w: torch.Tensor | None, at
         part = R.empty_f32((parts, n), dev)
     # Positional, in the order of KERNELS["rmsnorm_bwd"].args (x, w, dy, rstd, dx, dw_part, rows,
     # x_stride, dy_stride, dx_stride).
-    p.handle.launch(grid, stream, xp, wp, dyp, rp, dxp, part.data_ptr() if w is not None else 0, m, xs, dys, n)
+    R.launch(dev, p.handle, grid, xp, wp, dyp, rp, dxp, part.data_ptr() if w is not None else 0, m, xs, dys, n)
     if w is None:
         return None
     dw = torch.empty_like(w)
-    R.column_sums(dev, n, dw.dtype).launch(stream, part.data_ptr(), dw.data_ptr(), parts)
+    R.column_sums(dev, n, dw.dtype).launch(dev, part.data_ptr(), dw.data_ptr(), parts)
     return dw
 
 
