@@ -203,13 +203,7 @@ ${ABSENT}
 
       // Pass 1: the row's sums (the stats piece's), lane-wise in fp32.
       %acc_row = affine.for %k = 0 to ${K} iter_args(%acc = %zero_acc) -> (${BWD_ACC}) {
-        %ck = arith.muli %k, %tpr : index
-        %chunk = arith.addi %ck, %lane : index
-        %col_in = arith.muli %chunk, %vw : index
-        %col = arith.addi %col_base, %col_in : index
-        %always = arith.cmpi ult, %k, %k_full : index
-        %in_row = arith.cmpi ult, %chunk, %nchunk : index
-        %live_col = arith.ori %always, %in_row : i1
+        // normir:splice common/chunk.mlir LIVE=live_col
         %live = arith.andi %live_col, %row_valid : i1
         %xv, %dyv = scf.if %live -> (vector<${V}x${T}>, vector<${V}x${YT}>) {
           %a, %b = func.call @normir_bwd_row_chunk(%x_arg, %dy_arg, %stage_base, %rows, %x_stride, %dy_stride, %row,
@@ -262,13 +256,7 @@ ${ABSENT}
       %sums = scf.if %overlap -> (vector<${NR}xf32>) {
         func.call @normir_cluster_post(%sums_block, %tid, %iter) : (vector<${NR}xf32>, index, index) -> ()
         affine.for %k = 0 to ${OVERLAP_K} {
-          %ck = arith.muli %k, %tpr : index
-          %chunk = arith.addi %ck, %lane : index
-          %col_in = arith.muli %chunk, %vw : index
-          %col = arith.addi %col_base, %col_in : index
-          %always = arith.cmpi ult, %k, %k_full : index
-          %in_row = arith.cmpi ult, %chunk, %nchunk : index
-          %live_col = arith.ori %always, %in_row : i1
+          // normir:splice common/chunk.mlir LIVE=live_col
           %live = arith.andi %live_col, %row_valid : i1
           %a, %b = scf.if %live -> (vector<${V}x${T}>, vector<${V}x${YT}>) {
             %a1, %b1 = func.call @normir_bwd_row_chunk(%x_arg, %dy_arg, %stage_base, %rows, %x_stride, %dy_stride,
@@ -292,13 +280,7 @@ ${ABSENT}
 
       // Pass 2: dx, and the column sums (dw += gcol * x), from the stats piece.
       affine.for %k = 0 to ${K} {
-        %ck = arith.muli %k, %tpr : index
-        %chunk = arith.addi %ck, %lane : index
-        %col_in = arith.muli %chunk, %vw : index
-        %col = arith.addi %col_base, %col_in : index
-        %always = arith.cmpi ult, %k, %k_full : index
-        %in_row = arith.cmpi ult, %chunk, %nchunk : index
-        %live_col = arith.ori %always, %in_row : i1
+        // normir:splice common/chunk.mlir LIVE=live_col
         %live = arith.andi %live_col, %row_valid : i1
         // Pass 2 reads its chunks from %xbuf and %dybuf where pass 1 (CACHE_ROW) or the OVERLAP
         // loads (the first OVERLAP_K chunks) put them.
@@ -398,13 +380,7 @@ ${ABSENT}
     %flush = arith.andi %col_sums_on, %dw_regs : i1
     scf.if %flush {
       affine.for %k = 0 to ${K} {
-        %ck = arith.muli %k, %tpr : index
-        %chunk = arith.addi %ck, %lane : index
-        %col_in = arith.muli %chunk, %vw : index
-        %col = arith.addi %col_base, %col_in : index
-        %always = arith.cmpi ult, %k, %k_full : index
-        %in_row = arith.cmpi ult, %chunk, %nchunk : index
-        %live_col = arith.ori %always, %in_row : i1
+        // normir:splice common/chunk.mlir LIVE=live_col
         scf.if %live_col {
           scf.if %has_weight {
             %s = vector.load %dwbuf[%k, %c0] : memref<${K}x${V}xf32, #gpu.address_space<private>>, vector<${V}xf32>
@@ -490,13 +466,7 @@ ${ABSENT}
     %x_row = arith.muli %row, %x_stride : index
     %dy_row = arith.muli %row, %dy_stride : index
     affine.for %k = 0 to ${K} {
-      %ck = arith.muli %k, %tpr : index
-      %chunk = arith.addi %ck, %lane : index
-      %col_in = arith.muli %chunk, %vw : index
-      %col = arith.addi %col_base, %col_in : index
-      %always = arith.cmpi ult, %k, %k_full : index
-      %in_row = arith.cmpi ult, %chunk, %nchunk : index
-      %live = arith.ori %always, %in_row : i1
+      // normir:splice common/chunk.mlir LIVE=live
       scf.if %live {
         %x_dst = func.call @normir_stage_slot(%stage_base, %buf, %c0, %k, %tid) : (index, index, index, index, index) -> index
         %dy_dst = func.call @normir_stage_slot(%stage_base, %buf, %c1, %k, %tid) : (index, index, index, index, index) -> index

@@ -138,13 +138,7 @@ ${ABSENT}
         %shift_v = vector.broadcast %shift : f32 to vector<${V}xf32>
         // Pass 1: load the row's chunks, accumulate the op's statistics of h (less the shift).
         %acc_row = affine.for %k = 0 to ${K} iter_args(%acc = %zero_acc) -> (${FWD_ACC}) {
-          %ck = arith.muli %k, %tpr : index
-          %chunk = arith.addi %ck, %lane : index
-          %col_in = arith.muli %chunk, %vw : index
-          %col = arith.addi %col_base, %col_in : index
-          %always = arith.cmpi ult, %k, %k_full : index
-          %in_row = arith.cmpi ult, %chunk, %nchunk : index
-          %live = arith.ori %always, %in_row : i1
+          // normir:splice common/chunk.mlir LIVE=live
           %xv = scf.if %live -> (vector<${V}x${HT}>) {
             %m = func.call @normir_fwd_load_h(%x_arg, %residual_arg, %row, %col, %rows, %x_stride, %residual_stride,
                                               %pol_pass1, %cache_row)
@@ -210,13 +204,7 @@ ${ABSENT}
         %mean_v = vector.broadcast %mean_s : f32 to vector<${V}xf32>
         scf.if %batch_reload {
           affine.for %k = 0 to ${K} {
-            %ck = arith.muli %k, %tpr : index
-            %chunk = arith.addi %ck, %lane : index
-            %col_in = arith.muli %chunk, %vw : index
-            %col = arith.addi %col_base, %col_in : index
-            %always = arith.cmpi ult, %k, %k_full : index
-            %in_row = arith.cmpi ult, %chunk, %nchunk : index
-            %live = arith.ori %always, %in_row : i1
+            // normir:splice common/chunk.mlir LIVE=live
             scf.if %live {
               %v = func.call @normir_fwd_load_h(%x_arg, %residual_arg, %row, %col, %rows, %x_stride, %residual_stride,
                                                 %pol_first, %true)
@@ -232,13 +220,7 @@ ${ABSENT}
         %x_held = arith.ori %cache_row, %batch_reload : i1
         %w_held = arith.ori %prefetch_w, %batch_reload : i1
         affine.for %k = 0 to ${K} {
-          %ck = arith.muli %k, %tpr : index
-          %chunk = arith.addi %ck, %lane : index
-          %col_in = arith.muli %chunk, %vw : index
-          %col = arith.addi %col_base, %col_in : index
-          %always = arith.cmpi ult, %k, %k_full : index
-          %in_row = arith.cmpi ult, %chunk, %nchunk : index
-          %live = arith.ori %always, %in_row : i1
+          // normir:splice common/chunk.mlir LIVE=live
           scf.if %live {
             %xv = scf.if %x_held -> (vector<${V}x${HT}>) {
               %v = vector.load %xbuf[%k, %c0] : memref<${K}x${V}x${HT}, #gpu.address_space<private>>, vector<${V}x${HT}>
