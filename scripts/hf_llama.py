@@ -8,8 +8,11 @@ each decoder layer's attention residual add fused into its post-attention norm
 Against an fp32 copy of the same model, for the stock bf16 model and each normir variant:
 the deviation of the logits and the loss, and the relative L2 error of every parameter's gradient
 (the issue's bound: normir's at most 1.5x the stock model's); the losses of 50 training steps from
-one seed (bound: within 2% of the stock model's per step); tokens per second of a training step,
-eager and under torch.compile. Writes OUTDIR/hf_llama.json and prints a table.
+one seed (bound: within 2% of the stock model's per step); tokens per second of a training step
+(forward + backward), eager and under torch.compile: every variant and mode timed in
+THROUGHPUT_ROUNDS rounds of THROUGHPUT_STEPS steps, round r in the order rotated by r, the median
+kept (so that no variant always runs first or after the same one). Writes OUTDIR/hf_llama.json and
+prints a table.
 """
 
 from __future__ import annotations
@@ -18,7 +21,9 @@ import argparse
 import copy
 import json
 import math
+import statistics
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import torch
@@ -26,6 +31,7 @@ import torch
 CONFIG = dict(vocab_size=8192, hidden_size=1024, intermediate_size=2816, num_hidden_layers=8,
               num_attention_heads=16, num_key_value_heads=8, max_position_embeddings=2048, rms_norm_eps=1e-6)
 BATCH, SEQ, STEPS, LR = 8, 512, 50, 3e-4
+THROUGHPUT_ROUNDS, THROUGHPUT_STEPS = 5, 10
 
 
 def build(dtype: torch.dtype, device: str):
@@ -97,17 +103,34 @@ def train(model, device: str) -> list[float]:
     return losses
 
 
-def tokens_per_s(model, device: str, compiled: bool, steps: int = 10) -> float:
+def training_step(model, device: str, compiled: bool) -> Callable[[], None]:
+    """A training step's forward and backward (gradients accumulate: no optimizer), warmed up and,
+    when compiled, compiled."""
     fn = torch.compile(model) if compiled else model
     ids, labels = batch(device, 7)
-    for _ in range(3):  # warm-up (and compile)
+
+    def step() -> None:
         fn(input_ids=ids, labels=labels).loss.backward()
-    torch.cuda.synchronize()
-    t0 = time.perf_counter()
-    for _ in range(steps):
-        fn(input_ids=ids, labels=labels).loss.backward()
-    torch.cuda.synchronize()
-    return steps * BATCH * SEQ / (time.perf_counter() - t0)
+
+    for _ in range(3):
+        step()
+    return step
+
+
+def tokens_per_s(steps: dict[str, Callable[[], None]], rounds: int = THROUGHPUT_ROUNDS,
+                 per_round: int = THROUGHPUT_STEPS) -> dict[str, list[float]]:
+    """Tokens per second of each named step, one value per round; round r runs the steps in the
+    order rotated by r."""
+    names, out = list(steps), {name: [] for name in steps}
+    for r in range(rounds):
+        for name in names[r % len(names):] + names[:r % len(names)]:
+            torch.cuda.synchronize()
+            t0 = time.perf_counter()
+            for _ in range(per_round):
+                steps[name]()
+            torch.cuda.synchronize()
+            out[name].append(per_round * BATCH * SEQ / (time.perf_counter() - t0))
+    return out
 
 
 def main() -> int:
@@ -151,13 +174,17 @@ def main() -> int:
         return 0
     result = {"config": CONFIG, "batch": BATCH, "seq": SEQ, "steps": STEPS, "swapped": [s[0] for s in swapped],
               "fused_layers": patched, "gpu": torch.cuda.get_device_name(), "torch": torch.__version__}
+    steps = {}
     for name, model in variants.items():
         row = deviation(model, ref, device)
         row["losses"] = train(copy.deepcopy(model), device)
-        row["tokens_per_s_eager"] = tokens_per_s(copy.deepcopy(model), device, False)
-        if not args.skip_compile:
-            row["tokens_per_s_compiled"] = tokens_per_s(copy.deepcopy(model), device, True)
         result[name] = row
+        for mode in ("eager",) if args.skip_compile else ("eager", "compiled"):
+            steps[(name, mode)] = training_step(copy.deepcopy(model), device, mode == "compiled")
+    for (name, mode), rates in tokens_per_s(steps).items():
+        result[name][f"tokens_per_s_{mode}"] = statistics.median(rates)
+        result[name][f"tokens_per_s_{mode}_rounds"] = rates
+    result["throughput"] = {"rounds": THROUGHPUT_ROUNDS, "steps_per_round": THROUGHPUT_STEPS, "order": "rotated"}
     stock = result["stock"]
     print(f"{'variant':14s} {'logits':>9s} {'loss':>9s} {'grad max':>9s} {'grad med':>9s} {'max loss diff':>13s} "
           f"{'tok/s eager':>12s} {'tok/s compiled':>14s}")
