@@ -50,6 +50,7 @@ FWD_WIDE_CLUSTER = 4  # one-pass rows that fill a 1024-thread block: blocks per 
 # Persistent kernels split rows whose column sums need more than this many registers per thread:
 # with 64 (N=32768 bf16 in one 512-thread block) ptxas caps the block at 128 registers and spills.
 BWD_SPLIT_DW = 32
+BWD_WIDE_WARPS = 4  # persistent rows with a wider row summary: warps per block before a cluster (bwd_layout)
 
 
 @dataclass(frozen=True)
@@ -259,7 +260,14 @@ def bwd_layout(opts: Options, tgt: targets.Target, work: RowWork) -> Layout:
 
     def too_big(c: int) -> bool:
         lay = share(c)
-        return not lay.dw_regs or lay.k * lay.vec * col_sums(work, opts) > BWD_SPLIT_DW
+        # A row summary of more than one value (LayerNorm's c1, c2): a row one block would take
+        # in 2 chunks per thread over more than BWD_WIDE_WARPS warps goes to 2 blocks of half the
+        # threads. On the H200
+        # (bf16, *tune-v73*, -v74): 2880 as 96 x 2 3265-3290 GB/s against 3149-3155 (192 x 1),
+        # 4096 as 128 x 2 3589-3630 against 3448-3462 (256 x 1); where the sums split rows
+        # already, halving again did not gain (8192 as 128 x 4 3454-3480 against 3508).
+        wide = _wide_sums(work, opts) and c == 1 and not tpr and lay.k <= 2 and lay.tpr > BWD_WIDE_WARPS * tgt.warp
+        return not lay.dw_regs or lay.k * lay.vec * col_sums(work, opts) > BWD_SPLIT_DW or wide
 
     c = _split(n, vec, tgt, opts.cluster, tpr, too_big)
     return _clustered(share(c), c)
@@ -314,9 +322,23 @@ def _bwd_block_layout(n: int, vec: int, tgt: targets.Target, work: RowWork, opts
         # 16-bit at 65536). With enough chunks per thread the loops stay rolled; nothing spills.
         tpr = max(warp, -(-math.ceil(nchunk / rolled_k) // warp) * warp)
         k = -(-nchunk // tpr)
-    cache_row = short and k * vec * (4 * col_sums(work, opts) + held_bytes(work, opts)) <= budget
+    # A row summary of more than one value (LayerNorm's c1 and c2) holds the rows read at up to 2
+    # chunks per thread as well: on the H200 (bf16, *tune-v73*, -v74) against re-reading them,
+    # 2880 3148-3159 GB/s against 2977-2979, 4096 3462 against 3334-3342, 8192 (over 2 blocks)
+    # 3476 against 3328-3347, 7168 3331-3334 against 3116-3123, 16384 3299 against 3106-3109,
+    # 32768 3198-3211 against 2890-2915. ptxas: 124 registers against 110 at 4096, no spill.
+    hold = short or (_wide_sums(work, opts) and k <= 2)
+    cache_row = hold and k * vec * (4 * col_sums(work, opts) + held_bytes(work, opts)) <= budget
     return Layout(vec=vec, tpr=tpr, rows=rows, k=k, kfull=nchunk // tpr, nchunk=nchunk,
                   cache_row=cache_row, warp=warp, dw_regs=dw_regs)
+
+
+def _wide_sums(work: RowWork, opts: Options) -> bool:
+    """A persistent kernel whose row summary has more than one value (LayerNorm's backward), the
+    rules of which (held rows, 2 blocks of half the threads) the fused add's backward does not
+    take: reading d_residual_out in pass 2 as well, its rows held took 164 registers at N=7168
+    (2241 GB/s against 3310 re-read, *bench* 2026-12-01o, -q) and gained 0.6-2.5% elsewhere."""
+    return work.sums > 1 and not opts.has_dres_out
 
 
 def _cache_row(opts: Options, lay: Layout, tgt: targets.Target, work: RowWork, persistent: bool) -> Layout:
@@ -451,17 +473,26 @@ def _streamed(lay: Layout, two_reads: bool = False, sums: int = 1) -> Layout:
     (512 x 4 batched).
 
     sums (fp32 values per row through the reductions; RMSNorm 1, LayerNorm's forward 3: count,
-    mean, M2): a wider row summary costs more per reduction step, so one-read rows with more
-    than one take 4 chunks per thread, half the threads of 2, from 8 warps' worth of chunks on (a
-    shorter row keeps at least 2 warps). On the H200 (LayerNorm, bf16, weight and bias,
-    *tune-v72*), GB/s against 2 chunks: 2048 4042-4062 against 3791, 2880 3653-3677 against
-    3059-3069, 4096 4039-4059 against 3687-3705, 7168 3970-3989 against 3030-3040, 8192
-    4054-4077 against 3401-3408; 1 chunk per thread lost everywhere (2076-3268)."""
-    if two_reads:
-        k = 1 if lay.nchunk <= MAX_THREADS else 2 if lay.nchunk <= 2 * MAX_THREADS else 4
+    mean, M2): a wider row summary costs more per reduction step, so rows with more than one
+    take fewer threads: one-read rows 4 chunks per thread, two-read rows one chunk per thread
+    up to 512 threads, then 2, then 4, and 4 where the chunks do not split evenly over whole
+    warps. On the H200 (LayerNorm, bf16, weight and bias, *tune-v72* to -v74), GB/s against 2
+    chunks: 1024 (one warp) 4070-4074 against 3833-3852, 2048 4042-4062 against 3791, 2880
+    3653-3677 against 3059-3069, 4096 4039-4059 against 3687-3705, 7168 3970-3989 against
+    3030-3040, 8192 4054-4077 against 3401-3408; 1 chunk per thread lost everywhere
+    (2076-3268); at 32768, 512 x 8 lost to 1024 x 4 (3217-3228 against 3374). The fused add
+    against 1024-thread blocks: 7168 as 448 x 2 4234-4245 against 3567, 8192 as 512 x 2 4220
+    against 4006-4014, 16384 as 512 x 4 4151-4161 against 3903-3911 (1024 x 2); at 2048 and
+    4096 one chunk per thread stays best; 32768 as 512 x 8 lost (2875-2888 against 3238-3246);
+    2880 as 96 x 4 4136-4137 against 3391-3393 (352 x 1, a masked tail), 4098-4100 as 192 x 2."""
+    top = MAX_THREADS if sums == 1 else MAX_THREADS // 2
+    # A wider summary's general merge (unequal counts: a reciprocal per step) where the chunks do
+    # not split evenly over whole warps (N=2880: 360): 4 chunks per thread, as one read.
+    ragged = sums > 1 and lay.nchunk % lay.warp != 0
+    if two_reads and not ragged:
+        k = 1 if lay.nchunk <= top else 2 if lay.nchunk <= 2 * top else 4
     else:
-        wide = sums > 1 and lay.nchunk >= 8 * lay.warp
-        k = 2 if lay.nchunk <= MAX_THREADS and not wide else 4
+        k = 2 if lay.nchunk <= MAX_THREADS and sums == 1 else 4
     # Whole warps, each thread owning a chunk (at most nchunk threads): rows of 1 chunk per thread
     # whose chunk count is not a multiple of the warp (N=2880: 360) round the threads down, and
     # the first threads take a second, masked-tail chunk (see _forced for why none may own none).

@@ -5,7 +5,10 @@ Every row is the wall clock of CALLS back-to-back calls followed by one synchron
 (the median of ROUNDS rounds), at N = 4096, bf16, for M in MS. The steps are the ones the fast
 path of a repeated call takes (driver/ops/rmsnorm.py): reading the tensors' properties and the
 cache key, allocating y, the stream lookup, packing the arguments and the driver's launch.
-Usage: python3 scripts/host_profile.py [--out DIR]  (writes DIR/host_profile.json)
+The dispatcher rows split a compiled graph's call of torch.ops.normir.* into its layers: the
+Python autograd kernel (skipped below autograd) and the op's implementation; the compiled rows
+time a torch.compile'd function (dynamic shapes: one graph for every M) calling normir or torch.
+Usage: python3 scripts/host_profile.py [--out DIR] [--steps REGEX]  (writes DIR/host_profile.json)
 """
 
 from __future__ import annotations
@@ -13,6 +16,7 @@ from __future__ import annotations
 import argparse
 import ctypes
 import json
+import re
 import statistics
 import sys
 import time
@@ -28,6 +32,15 @@ MS = (1, 16, 128)
 CALLS = 2000
 ROUNDS = 5
 EPS = 1e-6
+
+
+_COMPILED: dict[str, Callable] = {}  # compiled once for every M (dynamic shapes)
+
+
+def _compiled(name: str, fn: Callable) -> Callable:
+    if name not in _COMPILED:
+        _COMPILED[name] = torch.compile(fn, dynamic=True, fullgraph=True)
+    return _COMPILED[name]
 
 
 def steps(m: int) -> dict[str, Callable[[], object]]:
@@ -80,6 +93,21 @@ def steps(m: int) -> dict[str, Callable[[], object]]:
     y_t = torch.nn.functional.rms_norm(xg, (N,), wg, EPS)
     c_apply_identity = super(_SingleLevelFunction, Identity).apply
     c_apply_rms = super(_SingleLevelFunction, RMS.RMSNormFunction).apply
+    op = torch.ops.normir.rmsnorm_fwd.default
+    below = torch._C._AutoDispatchBelowAutograd
+
+    def op_below_autograd():
+        with below():
+            return op(x, w, EPS, False)
+
+    def op_no_grad():  # as a compiled graph's forward calls it: grad off, the weight a leaf
+        with torch.no_grad():
+            return op(xg, wg, EPS, False)
+
+    c_fwd_normir = _compiled("fwd normir", lambda a, b: normir.rmsnorm_fwd(a, b, EPS)[0])
+    c_fwd_torch = _compiled("fwd torch", lambda a, b: torch.nn.functional.rms_norm(a, (N,), b, EPS))
+    c_train_normir = _compiled("fwd+bwd normir", lambda a, b: normir.rmsnorm(a, b, EPS))
+    c_train_torch = _compiled("fwd+bwd torch", lambda a, b: torch.nn.functional.rms_norm(a, (N,), b, EPS))
     return {
         "python call (empty function)": lambda: None,
         "tensor properties and key": props,
@@ -101,6 +129,13 @@ def steps(m: int) -> dict[str, Callable[[], object]]:
                                                   R.plan("rmsnorm_fwd", dev, N, "bf16", "bf16", EPS, True, False, 8)),
         "normir._fwd, general path": lambda: (RMS._FWD_SEEN.clear(), RMS._fwd(x, w, EPS, False)),
         "torch.ops.normir.rmsnorm_fwd": lambda: torch.ops.normir.rmsnorm_fwd(x, w, EPS, False),
+        "dispatcher: .default overload": lambda: op(x, w, EPS, False),
+        "dispatcher: below autograd": op_below_autograd,
+        "dispatcher: no_grad, weight requires grad": op_no_grad,
+        "compiled: normir.rmsnorm_fwd": lambda: c_fwd_normir(x, w),
+        "compiled: torch rms_norm": lambda: c_fwd_torch(x, w),
+        "compiled fwd+bwd: normir.rmsnorm": lambda: torch.autograd.grad(c_train_normir(xg, wg), [xg, wg], dy),
+        "compiled fwd+bwd: torch rms_norm": lambda: torch.autograd.grad(c_train_torch(xg, wg), [xg, wg], dy),
         "normir.rmsnorm_bwd": lambda: normir.rmsnorm_bwd(x, w, dy, rstd),
         "normir.fused_add_rmsnorm_fwd": lambda: normir.fused_add_rmsnorm_fwd(x, res, w, EPS),
         "normir.layernorm_fwd": lambda: normir.layernorm_fwd(x, w, w, 1e-5),
@@ -167,13 +202,14 @@ def inside_the_engine() -> None:
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--out", default=".", help="folder for host_profile.json (default: .)")
+    ap.add_argument("--steps", default="", help="time only the steps whose name matches this regex")
     args = ap.parse_args(argv)
     if not torch.cuda.is_available():
         print("host_profile.py needs a CUDA GPU", file=sys.stderr)
         return 1
     rows = []
     for m in MS:
-        fns = steps(m)
+        fns = {k: f for k, f in steps(m).items() if re.search(args.steps, k)}
         rounds = {name: [] for name in fns}
         for r in range(ROUNDS):
             names = list(fns)
@@ -181,7 +217,8 @@ def main(argv: list[str] | None = None) -> int:
                 rounds[name].append(host_us(fns[name], CALLS))
         for name, ts in rounds.items():
             rows.append({"M": m, "N": N, "step": name, "us": statistics.median(ts), "us_rounds": ts})
-    inside_the_engine()
+    if not args.steps:
+        inside_the_engine()
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     (out / "host_profile.json").write_text(json.dumps({"gpu": torch.cuda.get_device_name(),

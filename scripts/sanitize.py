@@ -5,7 +5,9 @@ over thread-block clusters, the dw reduction, atomics) on small M, the fused res
 fused add with an fp32 residual and d_residual_out, atomics), each checked against the float64
 reference.
 
-    compute-sanitizer --tool memcheck python scripts/sanitize.py
+    compute-sanitizer --tool memcheck python scripts/sanitize.py [layernorm]
+
+With `layernorm`, only the LayerNorm cases (after a change to LayerNorm's layouts alone).
 """
 
 import os
@@ -52,6 +54,8 @@ FORCED = "rmsnorm_fwd:4096=0h23,rmsnorm_fwd:32768=0x2,rmsnorm_bwd:32768=0s1,rmsn
 
 
 def main() -> None:
+    if sys.argv[1:] == ["layernorm"]:
+        atomic_and_report(layernorm_cases() + layernorm_atomic())
     bad = 0
     for forced in ("", FORCED):
         os.environ["NORMIR_TPR"] = forced

@@ -97,8 +97,8 @@ def test_options_and_flags():
         Options(kernel="layernorm_fwd", n=1024, weight_offset=1.0)
     fwd = values_for(Options(kernel="layernorm_fwd", n=1024, store_rstd=True))
     assert (fwd["HAS_MEAN"], fwd["NR"], fwd["FWD_ACC"]) == ("true", "3", "vector<2xf32>")  # the thread's mean, M2
-    # 1024 = 64 threads x 2 chunks of 8: equal counts, the butterfly skips the count.
-    assert (fwd["EQUAL_COUNTS"], fwd["PAIR_FIRST"], fwd["WPR_P2"], fwd["WARP_STEPS"]) == ("true", "1", "2", "1")
+    # 1024 = 32 threads x 4 chunks of 8: equal counts, the butterfly skips the count; one warp.
+    assert (fwd["EQUAL_COUNTS"], fwd["PAIR_FIRST"], fwd["WPR_P2"], fwd["WARP_STEPS"]) == ("true", "1", "1", "0")
     tail = values_for(Options(kernel="layernorm_fwd", n=2880))  # 360 chunks over 352 threads
     assert (tail["EQUAL_COUNTS"], tail["PAIR_FIRST"]) == ("false", "0")
     assert fwd["COMBINE_PIECE"] == "common/combine_chan.mlir" and fwd["STATS_PIECE"] == "common/stats_layer.mlir"
@@ -111,9 +111,32 @@ def test_options_and_flags():
 def test_layout_sees_one_read_without_a_residual():
     # LayerNorm's one kernel takes the streamed layout of one read without a residual, with 4
     # chunks per thread where RMSNorm takes 2 (its row summary is 3 values), and the fused add's
-    # with one (two rows read in pass 1).
+    # with one (two rows read in pass 1) up to 512 threads where RMSNorm's takes 1024, and 4
+    # where the chunks do not split evenly over whole warps (2880: 360 chunks).
     plain = Options(kernel="layernorm_fwd", n=4096).layout
     assert (plain.tpr, plain.k, plain.batch_reload) == (Options(kernel="rmsnorm_fwd", n=4096).layout.tpr // 2, 4, True)
-    assert Options(kernel="layernorm_fwd", n=1024).layout.tpr == 64  # 2 warps at least: 2 chunks each
+    assert (Options(kernel="layernorm_fwd", n=1024).layout.tpr, Options(kernel="layernorm_fwd", n=32768).layout.k) \
+        == (32, 4)
     fused = Options(kernel="layernorm_fwd", n=4096, rdtype="bf16", store_residual=True).layout
     assert (fused.tpr, fused.k) == (512, 1)
+    fused = Options(kernel="layernorm_fwd", n=8192, rdtype="bf16", store_residual=True).layout
+    rms = Options(kernel="fused_add_rmsnorm_fwd", n=8192, rdtype="bf16", store_residual=True).layout
+    assert (fused.tpr, fused.k, rms.tpr, rms.k) == (512, 2, 1024, 1)
+    fused = Options(kernel="layernorm_fwd", n=2880, rdtype="bf16", store_residual=True).layout
+    rms = Options(kernel="fused_add_rmsnorm_fwd", n=2880, rdtype="bf16", store_residual=True).layout
+    assert (fused.tpr, fused.k, rms.tpr, rms.kfull) == (96, 4, 352, 1)
+
+
+@pytest.mark.parametrize("n", [2880, 4096, 8192])
+def test_backward_holds_its_rows_where_rmsnorm_rereads_them(n):
+    # The backward's two row sums (c1, c2): rows of 2 chunks per thread stay in registers between
+    # the passes (with a weight and a bias, whose column sums take registers too), where
+    # RMSNorm's backward of the same shape reads them again; and over 2 blocks of at most 4
+    # warps (8192: 2 blocks for its column sums already), where RMSNorm's takes one.
+    ln = Options(kernel="layernorm_bwd", n=n, bdtype="f32").layout
+    rms = Options(kernel="rmsnorm_bwd", n=n).layout
+    assert (ln.k, ln.cache_row, ln.dw_regs, ln.cluster, rms.cache_row, rms.cluster) == (2, True, True, 2, False, 1)
+    assert ln.tpr == rms.tpr // 2 if n < 8192 else ln.tpr == rms.tpr
+    # The fused add's backward (d_residual_out read in pass 2 too) re-reads its rows, as RMSNorm's.
+    fused = Options(kernel="layernorm_bwd", n=n, bdtype="f32", has_dres_out=True).layout
+    assert (fused.cache_row, fused.tpr) == (False, rms.tpr)
