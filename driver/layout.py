@@ -26,6 +26,7 @@ REDUCE_CT, REDUCE_RT = 8, 32  # the column sums: 8 column threads x 32 row threa
 BWD_OVERHEAD_REGS = 36  # six pointers, three strides and the persistent loop's state
 ROWS_BLOCK = 256  # block size when several rows share a block
 AMD_1024_ROW_ELEMENTS = 64  # row elements a thread of a 1024-thread AMDGPU block may hold
+AMD_1024_ROW_ELEMENTS_WB = 32  # the same beside a weight and a bias (fwd_layout)
 # AMDGPU persistent kernels with the column sums in memory, with and without a weight, per chunk
 # width (elements): the chunks per thread [lo, hi) for which LLVM fully unrolls the chunk loops
 # into a spill, and the count that keeps them rolled (see _bwd_block_layout). Found by compiling
@@ -262,10 +263,10 @@ def bwd_layout(opts: Options, tgt: targets.Target, work: RowWork) -> Layout:
         lay = share(c)
         # A row summary of more than one value (LayerNorm's c1, c2): a row one block would take
         # in 2 chunks per thread over more than BWD_WIDE_WARPS warps goes to 2 blocks of half the
-        # threads. On the H200
-        # (bf16, *tune-v73*, -v74): 2880 as 96 x 2 3265-3290 GB/s against 3149-3155 (192 x 1),
-        # 4096 as 128 x 2 3589-3630 against 3448-3462 (256 x 1); where the sums split rows
-        # already, halving again did not gain (8192 as 128 x 4 3454-3480 against 3508).
+        # threads. On the H200 (bf16, *tune-v73*, -v74): 2880 as 96 x 2 3265-3290 GB/s against
+        # 3149-3155 (192 x 1), 4096 as 128 x 2 3589-3630 against 3448-3462 (256 x 1); where the
+        # sums split rows already, halving again did not gain (8192 as 128 x 4 3454-3480
+        # against 3508).
         wide = _wide_sums(work, opts) and c == 1 and not tpr and lay.k <= 2 and lay.tpr > BWD_WIDE_WARPS * tgt.warp
         return not lay.dw_regs or lay.k * lay.vec * col_sums(work, opts) > BWD_SPLIT_DW or wide
 
@@ -444,6 +445,11 @@ def fwd_layout(opts: Options, tgt: targets.Target, work: RowWork) -> Layout:
     narrow = opts.hints <= 0 and len(reads(work, opts)) == 1
     hb = held_bytes(work, opts)
     lay = row_layout(opts.n, opts.vec, hb, tgt, opts.tpr, DTYPES[opts.wdtype], opts.cluster, narrow=narrow)
+    if tgt.hoists_weight and lay.block >= MAX_THREADS and lay.cache_row and opts.has_weight and opts.bdtype \
+            and lay.k * lay.vec > AMD_1024_ROW_ELEMENTS_WB and opts.cache_row != 1:
+        # AMDGPU at 1024 threads holding w and b beside the row: 12 bytes of scratch at N=65536
+        # in bf16 (LayerNorm, rstd stored; tests/test_gfx950_scratch.py). The row is read again.
+        lay = replace(lay, cache_row=False, prefetch_w=False)
     policy = opts.tpr == 0 and opts.cluster == 0 and opts.hints == -1 and opts.cache_row == -1
     sixteen = {lay.vec * DTYPES[t] for t in row_types(work, opts)} == {MAX_VECTOR_BYTES}
     if policy and tgt.hints and lay.cluster == 1 and sixteen \

@@ -103,10 +103,10 @@ def train(model, device: str) -> list[float]:
     return losses
 
 
-def training_step(model, device: str, compiled: bool) -> Callable[[], None]:
+def training_step(model, device: str, compiled: bool, mode: str = "default") -> Callable[[], None]:
     """A training step's forward and backward (gradients accumulate: no optimizer), warmed up and,
-    when compiled, compiled."""
-    fn = torch.compile(model) if compiled else model
+    when compiled, compiled in torch.compile's `mode`."""
+    fn = torch.compile(model, mode=mode) if compiled else model
     ids, labels = batch(device, 7)
 
     def step() -> None:
@@ -137,6 +137,8 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--out", default=".", help="folder for hf_llama.json")
     ap.add_argument("--skip-compile", action="store_true", help="no torch.compile throughput rows")
+    ap.add_argument("--compile-mode", default="default", choices=("default", "reduce-overhead", "max-autotune"),
+                    help="torch.compile's mode for the compiled throughput rows (reduce-overhead: CUDA graphs)")
     ap.add_argument("--explain", action="store_true", help="only print torch._dynamo.explain's graphs and breaks")
     ap.add_argument("--profile", metavar="VARIANT", help="only profile compiled training steps of one variant")
     args = ap.parse_args()
@@ -180,11 +182,12 @@ def main() -> int:
         row["losses"] = train(copy.deepcopy(model), device)
         result[name] = row
         for mode in ("eager",) if args.skip_compile else ("eager", "compiled"):
-            steps[(name, mode)] = training_step(copy.deepcopy(model), device, mode == "compiled")
+            steps[(name, mode)] = training_step(copy.deepcopy(model), device, mode == "compiled", args.compile_mode)
     for (name, mode), rates in tokens_per_s(steps).items():
         result[name][f"tokens_per_s_{mode}"] = statistics.median(rates)
         result[name][f"tokens_per_s_{mode}_rounds"] = rates
-    result["throughput"] = {"rounds": THROUGHPUT_ROUNDS, "steps_per_round": THROUGHPUT_STEPS, "order": "rotated"}
+    result["throughput"] = {"rounds": THROUGHPUT_ROUNDS, "steps_per_round": THROUGHPUT_STEPS, "order": "rotated",
+                            "compile_mode": args.compile_mode}
     stock = result["stock"]
     print(f"{'variant':14s} {'logits':>9s} {'loss':>9s} {'grad max':>9s} {'grad med':>9s} {'max loss diff':>13s} "
           f"{'tok/s eager':>12s} {'tok/s compiled':>14s}")

@@ -36,16 +36,21 @@ def sweep(test):
 
 # Each swept kernel with its features on: the fused add with the residual in x's type (stored) and
 # d_residual_out read, as autograd runs it; LayerNorm's kernels likewise, as the fused-add LayerNorm
-# (the forward storing mean and rstd).
+# (the forward storing mean and rstd), and as plain LayerNorm with a bias (KERNEL+bias: in x's type
+# for the forward, "T"; the backward's db sums in fp32).
 SWEEP_FEATURES = {"rmsnorm_fwd": {}, "rmsnorm_bwd": {}, "fused_add_rmsnorm_bwd": {"has_dres_out": True},
                   "fused_add_rmsnorm_fwd": {"store_residual": True}, "layernorm_bwd": {"has_dres_out": True},
-                  "layernorm_fwd": {"store_residual": True}}
+                  "layernorm_fwd": {"store_residual": True}, "layernorm_fwd+bias": {"bdtype": "T"},
+                  "layernorm_bwd+bias": {"bdtype": "f32"}}
 
 
-def sweep_options(kernel: str, n: int, dtype: str, has_weight: bool, target: str) -> Options:
-    features = dict(SWEEP_FEATURES[kernel])
+def sweep_options(case: str, n: int, dtype: str, has_weight: bool, target: str) -> Options:
+    kernel = case.split("+")[0]
+    features = dict(SWEEP_FEATURES[case])
     if features.get("store_residual"):
         features["rdtype"] = dtype
+    if features.get("bdtype") == "T":
+        features["bdtype"] = dtype
     return Options(kernel=kernel, n=n, dtype=dtype, wdtype=dtype, target=target, has_weight=has_weight,
                    store_rstd=KERNELS[kernel].grid == "rows", **features)
 
