@@ -37,7 +37,7 @@ class UsageError(ValueError):
 
 # Options fields set by compile's flags (the flag is the field with - for _), with their defaults.
 _LAYOUT_FLAGS = ("tpr", "cluster", "l2_prefetch", "stage", "min_blocks", "hints", "overlap", "cache_row",
-                 "batch_reload")
+                 "batch_reload", "db_smem")
 
 
 # ... and the fused ops' features (kernels.KernelSpec.features), under the same rule.
@@ -367,6 +367,9 @@ def _parser() -> argparse.ArgumentParser:
     c.add_argument("--batch-reload", type=int, default=-1, choices=(-1, 0, 1),
                    help="forward rows read twice: pass 2 loads all its chunks of x and w before computing (1) "
                         "or chunk by chunk (0)")
+    c.add_argument("--db-smem", type=int, default=-1, choices=(-1, 0, 1),
+                   help="backward with a bias: db's column sums in shared memory, each thread its own slots (1), "
+                        "or in registers (0)")
     c.add_argument("--set", action="append", metavar="NAME=VALUE",
                    help="fill a placeholder the text uses with VALUE (not the layout's: use the knobs above)")
     c.add_argument("--include", action="append", metavar="DIR",

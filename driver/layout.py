@@ -33,6 +33,7 @@ AMD_1024_ROW_ELEMENTS_WB = 32  # the same beside a weight and a bias (fwd_layout
 # every N in every dtype (tests/test_gfx950_scratch.py).
 AMD_UNROLL_K = {True: {4: (16, 64, 64), 8: (12, 16, 32)}, False: {4: (32, 64, 64), 8: (16, 24, 32)}}
 MAX_STAGE_BYTES = 200 * 1024  # STAGE buffers past this leave too little shared memory
+MAX_DB_SMEM_BYTES = 40 * 1024  # db's slots in static shared memory (48 KB at most, beside the reductions')
 # Persistent kernels stage by default only where two blocks' buffers fit a multiprocessor: at
 # N=16384 (128 KB, one block) the L2 prefetch with eviction hints beat staging at 512 threads by
 # 9% (*tune-v11*); rows of 2048 chunks are staged at 1024 threads instead (_staged).
@@ -76,6 +77,7 @@ class Layout:
     min_blocks: int = 0  # blocks that must fit one multiprocessor (caps registers per thread); 0: no cap
     hints: int = 0  # cache hints, a sum of the HINT_* bits (loads of the rows read, stores of those written)
     overlap: int = 0  # persistent over a cluster: pass 2's first chunks loaded between posting the total and the wait
+    db_smem: bool = False  # persistent with a bias: db's column sums in shared memory, each thread its own slots
 
     @property
     def smem_bytes(self) -> int:
@@ -185,6 +187,7 @@ def decide(opts: Options, tgt: targets.Target, spec: KernelSpec) -> Layout:
             > tgt.reg_budget_bytes(lay.block * lay.min_blocks):
         lay = replace(lay, prefetch_w=False)  # the weight's registers must fit the cap too
     lay = _overlap(opts, lay, persistent)
+    lay = _db_smem(opts, lay, persistent)
     if lay.tpr > lay.nchunk:  # the policy's own layouts; forced ones are refused in _forced
         raise AssertionError(f"layout policy bug: {spec.name} N={opts.n} has {lay.tpr} threads per row for "
                              f"{lay.nchunk} chunks; threads without a chunk may hang the block reduction")
@@ -206,6 +209,24 @@ def _overlap(opts: Options, lay: Layout, persistent: bool) -> Layout:
                          f"cluster (here {lay.cluster} block(s)), sums in registers, no staging; use -1 or 0")
     policy = (2 if opts.has_weight else lay.k) if overlappable and lay.k == 4 and lay.block <= MAX_THREADS // 2 else 0
     return replace(lay, overlap=policy if opts.overlap == -1 else opts.overlap)
+
+
+def _db_smem(opts: Options, lay: Layout, persistent: bool) -> Layout:
+    """DB_SMEM, forced only (not yet measured; the lead in docs/tuning.md): a backward with a bias
+    keeps db's column sums in static shared memory, K x V fp32 slots per thread that no other
+    thread reads (no barrier), instead of K x V registers. ptxas (LayerNorm, bf16, sm_90): 123
+    -> 109 registers at N=4096 (128 x 2 blocks, held; 96 with no spill when capped for 5 blocks),
+    110 -> 80 re-reading the row in 256 threads, 123 -> 108 at 8192, 128 (16 bytes of spill)
+    -> 119 at 2880, 127 -> 106 at 1024."""
+    if opts.db_smem != 1 or (persistent and not opts.bdtype):  # without a bias there are no db sums to move
+        return lay
+    need = lay.k * lay.block * lay.vec * 4
+    if not (persistent and lay.dw_regs) or need > MAX_DB_SMEM_BYTES:
+        raise ValueError(f"db_smem=1 needs a backward with its column sums in registers, in at most "
+                         f"{MAX_DB_SMEM_BYTES} bytes of static shared memory (here "
+                         f"{'a backward' if persistent else 'a forward'}, sums in "
+                         f"{'registers' if lay.dw_regs else 'memory'}, {need} bytes); use -1 or 0")
+    return replace(lay, db_smem=True)
 
 
 def _pow2_ceil(x: int) -> int:

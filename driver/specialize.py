@@ -161,6 +161,9 @@ def common_values(opts: Options) -> dict[str, str]:
         "W_ALIGN": str(min(MAX_VECTOR_BYTES, lay.vec * wb)),
         "PART_ALIGN": str(min(MAX_VECTOR_BYTES, lay.vec * 4)),
         "DW_REGS": _bool(lay.dw_regs),
+        # db's column sums: K x V private registers, or with DB_SMEM K x BLOCK x V workgroup slots
+        # (each thread its own, indexed by the thread id).
+        **_db_values(lay),
         "OVERLAP": _bool(lay.overlap > 0),
         "OVERLAP_K": str(lay.overlap),
         "BLOCK": str(lay.block),
@@ -202,13 +205,24 @@ LAYOUT_VALUES = {
     "CACHE_ROW": "--cache-row", "OVERLAP": "--overlap", "OVERLAP_K": "--overlap", "BATCH_RELOAD": "--batch-reload",
     "KERNEL_ATTRS": "--min-blocks", "ROWS": "", "BLOCK": "", "K": "", "KFULL": "", "NCHUNK": "", "NSUB": "",
     "WPR": "", "MULTI_WARP": "", "SHUFFLE_STEPS": "", "WARP_STEPS": "", "WPR_P2": "", "EQUAL_COUNTS": "",
-    "PAIR_FIRST": "", "DW_REGS": "", "PREFETCH_W": "",
+    "PAIR_FIRST": "", "DW_REGS": "", "PREFETCH_W": "", "DB_MEMREF": "--db-smem", "DB_AT": "--db-smem",
+    "DB_IN_WORKGROUP": "--db-smem", "DB_IN_PRIVATE": "--db-smem",
     "RED_REUSED": "", "COL_THREADS": "", "ROW_THREADS": "", "ARGS": "", "ABSENT": "",
 }
 # The placeholders each user-given option of `normir compile` fills: an option the text does not use
 # (--eps on a text without ${EPS}) is an error rather than silently ignored.
 USER_VALUES = {"eps": ("EPS",), "wdtype": ("WT",), "store_rstd": ("STORE_RSTD",),
                "atomic_dw": ("ATOMIC_DW",), "no_weight": ("HAS_WEIGHT",)}
+
+
+def _db_values(lay) -> dict[str, str]:
+    space = "workgroup" if lay.db_smem else "private"
+    shape = f"{lay.k}x{lay.block}x{lay.vec}" if lay.db_smem else f"{lay.k}x{lay.vec}"
+    memref = f"memref<{shape}xf32, #gpu.address_space<{space}>>"
+    # 16-byte accesses: the workgroup buffer's alignment must say so (its element's is 4).
+    decl = f",\n              %dbbuf: {memref}" + (" {llvm.align = 16 : i64}" if lay.db_smem else "")
+    return {"DB_MEMREF": memref, "DB_AT": "%k, %tid, %c0" if lay.db_smem else "%k, %c0",
+            "DB_IN_WORKGROUP": decl if lay.db_smem else "", "DB_IN_PRIVATE": "" if lay.db_smem else decl}
 
 
 def values_for(opts: Options) -> dict[str, str]:

@@ -25,7 +25,9 @@
 // CACHE_ROW: x and dy stay in registers between the two passes; otherwise (rows too long) the
 // second pass reads them again, mostly from L2. DW_REGS: the dw sums live in registers for the
 // whole persistent loop; otherwise they accumulate in the block's own partial row in global
-// memory (read-modify-write per row, L2-resident).
+// memory (read-modify-write per row, L2-resident). db's sums (HAS_BIAS) sit beside dw's, or with
+// the layout's db_smem in static shared memory (DB_MEMREF, indexed DB_AT: each thread its own
+// K x V slots, which no other thread reads, so no barrier), freeing K x V registers.
 // L2_PREFETCH: pass 1 also asks L2 for the same chunks of x and dy of the block's next row.
 // STAGE: x and dy come through shared memory: while a row is reduced and written, each thread's
 // chunks of the next row are already being copied (cp.async) into the other of two buffers, and
@@ -37,7 +39,8 @@
 //
 // Placeholders: those of norm_fwd.mlir (with XT, dx's type; RT here is dresidual's; BWD_ACC for
 // FWD_ACC), plus
-// HAS_DRES_OUT, STORE_DRES, DW_REGS, ATOMIC_DW, PART_ALIGN, L2_PREFETCH, OVERLAP, OVERLAP_K,
+// HAS_DRES_OUT, STORE_DRES, DW_REGS, DB_MEMREF, DB_AT, DB_IN_WORKGROUP / DB_IN_PRIVATE (db's
+// sums declared in one attribution list or the other), ATOMIC_DW, PART_ALIGN, L2_PREFETCH, OVERLAP, OVERLAP_K,
 // STAGE, STAGE_BLOCK_BYTES, LATE_EXT_T_PIECE / LATE_EXT_YT_PIECE (pass 2's casts of x and dy),
 // and the target's pieces for atomics (ATOMIC_PIECE), the L2 prefetch (PREFETCH_PIECE) and
 // staging (STAGE_PIECE).
@@ -65,11 +68,10 @@ gpu.module @normir [${TARGET}] {
 
   gpu.func @${ENTRY}(
       ${ARGS})
-      workgroup(%red: memref<${NR}x${WPR}xf32, #gpu.address_space<workgroup>>)
+      workgroup(%red: memref<${NR}x${WPR}xf32, #gpu.address_space<workgroup>>${DB_IN_WORKGROUP})
       private(%xbuf: memref<${K}x${V}x${T}, #gpu.address_space<private>>,
               %dybuf: memref<${K}x${V}x${YT}, #gpu.address_space<private>>,
-              %dwbuf: memref<${K}x${V}xf32, #gpu.address_space<private>>,
-              %dbbuf: memref<${K}x${V}xf32, #gpu.address_space<private>>)
+              %dwbuf: memref<${K}x${V}xf32, #gpu.address_space<private>>${DB_IN_PRIVATE})
       kernel attributes {known_block_size = array<i32: ${BLOCK}, 1, 1>${KERNEL_ATTRS}} {
 ${ABSENT}
     %c0 = arith.constant 0 : index
@@ -141,7 +143,7 @@ ${ABSENT}
       scf.if %dw_regs {
         vector.store %zero_v, %dwbuf[%k, %c0] : memref<${K}x${V}xf32, #gpu.address_space<private>>, vector<${V}xf32>
         scf.if %has_bias {
-          vector.store %zero_v, %dbbuf[%k, %c0] : memref<${K}x${V}xf32, #gpu.address_space<private>>, vector<${V}xf32>
+          vector.store %zero_v, %dbbuf[${DB_AT}] : ${DB_MEMREF}, vector<${V}xf32>
         }
       }
     }
@@ -355,9 +357,9 @@ ${ABSENT}
         // HAS_BIAS: db += dy, kept like dw (registers, or the slot's partial row).
         scf.if %has_bias {
           scf.if %dw_regs {
-            %s = vector.load %dbbuf[%k, %c0] : memref<${K}x${V}xf32, #gpu.address_space<private>>, vector<${V}xf32>
+            %s = vector.load %dbbuf[${DB_AT}] : ${DB_MEMREF}, vector<${V}xf32>
             %s2 = arith.addf %s, %dyf : vector<${V}xf32>
-            vector.store %s2, %dbbuf[%k, %c0] : memref<${K}x${V}xf32, #gpu.address_space<private>>, vector<${V}xf32>
+            vector.store %s2, %dbbuf[${DB_AT}] : ${DB_MEMREF}, vector<${V}xf32>
           } else {
             scf.if %live_col {
               %old = scf.if %first_iter -> (vector<${V}xf32>) {
@@ -391,7 +393,7 @@ ${ABSENT}
             }
           }
           scf.if %has_bias {
-            %sb = vector.load %dbbuf[%k, %c0] : memref<${K}x${V}xf32, #gpu.address_space<private>>, vector<${V}xf32>
+            %sb = vector.load %dbbuf[${DB_AT}] : ${DB_MEMREF}, vector<${V}xf32>
             scf.if %atomic_dw {
               func.call @normir_atomic_add_vec(%db_part_arg, %col, %sb) : (memref<${N}xf32>, index, vector<${V}xf32>) -> ()
             } else {

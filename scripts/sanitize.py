@@ -24,11 +24,13 @@ from normir.ops.rmsnorm import rmsnorm_bwd_ref, rmsnorm_ref
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
 from gpu_cases import (  # noqa: E402
+    DB_SMEM_CASES,
     SANITIZE_FUSED,
     SANITIZE_LN,
     SANITIZE_LN_ATOMIC_N,
     SANITIZE_LN_COMBOS,
     sanitize_combos,
+    tpr_value,
 )
 
 TORCH = {"f32": torch.float32, "f16": torch.float16, "bf16": torch.bfloat16}
@@ -51,11 +53,14 @@ def err(a, b):
 # Layouts the policy does not pick, forced (NORMIR_TPR): the forward over a 2-block cluster, the
 # staged backward over 2-block clusters, and every cache hint in both kernels at N=4096.
 FORCED = "rmsnorm_fwd:4096=0h23,rmsnorm_fwd:32768=0x2,rmsnorm_bwd:32768=0s1,rmsnorm_bwd:4096=0h23"
+# LayerNorm's backward with db's sums in shared memory (db_smem, forced only), at SANITIZE_LN's N.
+LN_FORCED = ",".join(f"layernorm_bwd:{n}={tpr_value(k)}" for n, k in dict(reversed(DB_SMEM_CASES)).items()
+                     if n in dict(SANITIZE_LN))  # the first case of each N
 
 
 def main() -> None:
     if sys.argv[1:] == ["layernorm"]:
-        atomic_and_report(layernorm_cases() + layernorm_atomic())
+        atomic_and_report(layernorm_cases() + layernorm_forced() + layernorm_atomic())
     bad = 0
     for forced in ("", FORCED):
         os.environ["NORMIR_TPR"] = forced
@@ -65,6 +70,7 @@ def main() -> None:
     launch.clear_handles()
     bad += fused_cases()
     bad += layernorm_cases()
+    bad += layernorm_forced()
     bad += layernorm_atomic()
     atomic_and_report(bad)
 
@@ -112,6 +118,17 @@ def fused_cases() -> int:
                 print(f"fused n={n} m={m} x {x_t} residual {r_t}{' bias' if b_t else ''}: "
                       + " ".join(f"{v:.2e}" for v in e) + (" ok" if ok else " FAIL"))
     return bad
+
+
+def layernorm_forced() -> int:
+    """layernorm_cases under LN_FORCED."""
+    os.environ["NORMIR_TPR"] = LN_FORCED
+    launch.clear_handles()
+    try:
+        return layernorm_cases()
+    finally:
+        os.environ["NORMIR_TPR"] = ""
+        launch.clear_handles()
 
 
 def layernorm_cases() -> int:

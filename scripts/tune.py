@@ -21,10 +21,18 @@ import sys
 VARIANTS = {  # (op, N, dtype): layouts to compare, as NORMIR_TPR values ("0": the policy's)
     # v75 (not run yet; v74's record: docs/results/2026-12-01p-h200.md). LayerNorm's forward at
     # 2880 held in registers (v73: +2%) and at 32768 held (1024 x 4, 64 bytes of row a thread)
-    # against the streamed row; its backward at 16384 over 8 blocks of 128 (v74: +1%).
+    # against the streamed row. Its backward with db's sums in shared memory (d1; ptxas: 123 ->
+    # 109 registers at 4096, 96 without spill capped for 5 blocks of 128, m5; 110 -> 80 in 256
+    # threads re-reading the row; 128 with 16 bytes of spill -> 119 at 2880), and at 16384 over
+    # 8 blocks of 128 (v74: +1%).
     ("ln_fwd", 2880, "bf16"): ("0", "96"),
     ("ln_fwd", 32768, "bf16"): ("0", "1024r1"),
-    ("ln_bwd", 16384, "bf16"): ("0", "128x8r1"),
+    ("ln_bwd", 1024, "bf16"): ("0", "64d1"),
+    ("ln_bwd", 2880, "bf16"): ("0", "96x2r1d1"),
+    ("ln_bwd", 4096, "bf16"): ("0", "128d1", "128m5d1", "256r0d1"),
+    ("ln_bwd", 8192, "bf16"): ("0", "256x2d1", "256x2r0d1"),
+    ("ln_bwd", 16384, "bf16"): ("0", "128x8r1", "256x4d1"),
+    ("ln_bwd", 32768, "bf16"): ("0", "256x8d1"),
 }
 KERNEL = {"fwd": "rmsnorm_fwd", "bwd": "rmsnorm_bwd", "add_fwd": "fused_add_rmsnorm_fwd",
           "add_bwd": "fused_add_rmsnorm_bwd", "ln_fwd": "layernorm_fwd", "ln_bwd": "layernorm_bwd",

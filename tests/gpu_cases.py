@@ -56,7 +56,7 @@ NO_WEIGHT_CASES = ((2048, "bf16"), (4096, "bf16"), (4096, "f16"), (2880, "f32"),
 
 
 def tpr_value(layout: dict) -> str:
-    """A forced layout as a NORMIR_TPR value: TPR[xCLUSTER][pN][sN][mN][hN][oN][rN][bN]."""
+    """A forced layout as a NORMIR_TPR value: TPR[xCLUSTER][pN][sN][mN][hN][oN][rN][bN][dN]."""
     out = f"{layout.get('tpr', 0)}x{layout.get('cluster', 0)}"
     if layout.get("l2_prefetch", -1) >= 0:
         out += f"p{layout['l2_prefetch']}"
@@ -72,6 +72,8 @@ def tpr_value(layout: dict) -> str:
         out += f"r{layout['cache_row']}"
     if layout.get("batch_reload", -1) >= 0:
         out += f"b{layout['batch_reload']}"
+    if layout.get("db_smem", -1) >= 0:
+        out += f"d{layout['db_smem']}"
     return out
 
 # Fused residual-add RMSNorm (test_gpu_fused_add.py). Each combination of dtypes and features:
@@ -283,6 +285,18 @@ def layer_bwd(n, x, r=None, w="", b=None, s=None, o=None, **kw) -> list[dict]:
     return fused_bwd(n, x, r, w, b, s, o, kernel="layernorm_bwd", **kw)
 
 
+# LayerNorm's backward with db's sums in shared memory, forced (db_smem is not the policy's yet):
+# test_db_sums_in_shared_memory runs each, scripts/sanitize.py those of SANITIZE_LN's N.
+DB_SMEM_CASES = ((1024, dict(tpr=64, db_smem=1)), (2880, dict(tpr=96, cluster=2, cache_row=1, db_smem=1)),
+                 (4096, dict(tpr=128, db_smem=1)), (4096, dict(tpr=256, cache_row=0, db_smem=1)),
+                 (8192, dict(tpr=256, cluster=2, db_smem=1)), (32768, dict(tpr=256, cluster=8, db_smem=1)))
+
+
+def _forced_bwd(specs: list[dict], knobs: dict) -> list[dict]:
+    """specs with knobs forced on LayerNorm's backward row kernel (not on the column sums)."""
+    return [{**d, **knobs} if d["kernel"] == "layernorm_bwd" else d for d in specs]
+
+
 def layer_specializations() -> list[dict]:
     """What test_gpu_layernorm.py, scripts/sanitize.py's and the benchmark's LayerNorm rows launch."""
     plan: list[dict] = []
@@ -311,6 +325,14 @@ def layer_specializations() -> list[dict]:
     for n in SANITIZE_LN_ATOMIC_N:
         for r in (None, "f32"):
             plan += [layer_fwd(n, "bf16", r, b="bf16")] + layer_bwd(n, "bf16", r, b="bf16", atomic=True)
+    for n, knobs in DB_SMEM_CASES:
+        plan += [layer_fwd(n, "bf16", b="bf16"), layer_fwd(n, "bf16", "f32", b="bf16")]
+        plan += _forced_bwd(layer_bwd(n, "bf16", b="bf16") + layer_bwd(n, "bf16", "f32", b="bf16")
+                            + layer_bwd(n, "bf16", b="bf16", atomic=True), knobs)
+        for sn, dt in SANITIZE_LN:
+            if sn == n:
+                for _, has_w, has_b, r in SANITIZE_LN_COMBOS:
+                    plan += _forced_bwd(layer_bwd(n, dt, r, dt if has_w else None, dt if has_b else None), knobs)
     gradcheck = ("f32", "f32", "f32", "f32")
     plan += [layer_fwd(100, *gradcheck)] + layer_bwd(100, *gradcheck)
     plan += [layer_fwd(1024, "bf16", "bf16", b="bf16")] + layer_bwd(1024, "bf16", "bf16", b="bf16")

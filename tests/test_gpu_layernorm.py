@@ -12,6 +12,7 @@ import math
 import pytest
 import torch
 from gpu_cases import (
+    DB_SMEM_CASES,
     DTYPE_NAMES,
     EPS,
     FUSED_N,
@@ -25,6 +26,7 @@ from gpu_cases import (
     LN_FUSED_COMBOS,
     LN_STATS_N,
     TRAIN_N,
+    tpr_value,
 )
 from gpu_helpers import TOL, TORCH, make, poison, rel_err, tensors
 
@@ -168,6 +170,21 @@ def test_dw_db_bit_identical_across_runs_and_atomic_mode(n):
     g_ref, dw_ref, db_ref = layernorm_bwd_ref(x, w, b, LN_EPS, dy)
     assert torch.equal(dx, first[0])
     assert rel_err(dw, dw_ref) <= TOL[torch.bfloat16] and rel_err(db, db_ref) <= TOL[torch.bfloat16]
+
+
+@pytest.mark.parametrize("n,knobs", DB_SMEM_CASES, ids=lambda v: tpr_value(v) if isinstance(v, dict) else str(v))
+def test_db_sums_in_shared_memory(monkeypatch, n, knobs):
+    # db's column sums in shared memory (db_smem, forced: not the policy's yet), with and without
+    # d_residual_out; dw and db stay bit-identical from run to run.
+    from normir import launch
+    monkeypatch.setenv("NORMIR_TPR", f"layernorm_bwd:{n}={tpr_value(knobs)}")
+    launch.clear_handles()
+    try:
+        check((199, n), "bf16", b="bf16")
+        check((199, n), "bf16", "f32", b="bf16")
+        test_dw_db_bit_identical_across_runs_and_atomic_mode(n)
+    finally:
+        launch.clear_handles()
 
 
 def test_gradcheck_against_finite_differences():

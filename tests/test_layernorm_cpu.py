@@ -140,3 +140,24 @@ def test_backward_holds_its_rows_where_rmsnorm_rereads_them(n):
     # The fused add's backward (d_residual_out read in pass 2 too) re-reads its rows, as RMSNorm's.
     fused = Options(kernel="layernorm_bwd", n=n, bdtype="f32", has_dres_out=True).layout
     assert (fused.cache_row, fused.tpr) == (False, rms.tpr)
+
+
+def test_db_sums_in_shared_memory_knob(monkeypatch):
+    # Forced only: the backward's db sums move to K x BLOCK x V fp32 of workgroup memory, aligned
+    # for 16-byte accesses; without a bias there is nothing to move; a forward refuses it.
+    from normir.launch import tpr_overrides
+    from normir.specialize import values_for
+
+    lay = Options(kernel="layernorm_bwd", n=4096, bdtype="f32", db_smem=1).layout
+    assert lay.db_smem and not Options(kernel="layernorm_bwd", n=4096, bdtype="f32").layout.db_smem
+    v = values_for(Options(kernel="layernorm_bwd", n=4096, bdtype="f32", db_smem=1))
+    assert v["DB_MEMREF"] == f"memref<{lay.k}x{lay.block}x{lay.vec}xf32, #gpu.address_space<workgroup>>"
+    assert "llvm.align = 16" in v["DB_IN_WORKGROUP"] and v["DB_IN_PRIVATE"] == ""
+    assert not Options(kernel="layernorm_bwd", n=4096, db_smem=1).layout.db_smem
+    with pytest.raises(ValueError, match=r"db_smem=1 needs a backward"):
+        Options(kernel="layernorm_fwd", n=4096, db_smem=1)
+    with pytest.raises(ValueError, match=r"db_smem=2: choose 1"):
+        Options(kernel="layernorm_bwd", n=4096, db_smem=2)
+    monkeypatch.setenv("NORMIR_TPR", "layernorm_bwd:4096=128m5d1")
+    over = tpr_overrides()[("layernorm_bwd", 4096)]
+    assert (over["tpr"], over["min_blocks"], over["db_smem"]) == (128, 5, 1)
