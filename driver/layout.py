@@ -221,11 +221,12 @@ def _db_smem(opts: Options, lay: Layout, persistent: bool) -> Layout:
     if opts.db_smem != 1 or (persistent and not opts.bdtype):  # without a bias there are no db sums to move
         return lay
     need = lay.k * lay.block * lay.vec * 4
-    if not (persistent and lay.dw_regs) or need > MAX_DB_SMEM_BYTES:
-        raise ValueError(f"db_smem=1 needs a backward with its column sums in registers, in at most "
-                         f"{MAX_DB_SMEM_BYTES} bytes of static shared memory (here "
-                         f"{'a backward' if persistent else 'a forward'}, sums in "
-                         f"{'registers' if lay.dw_regs else 'memory'}, {need} bytes); use -1 or 0")
+    if not (persistent and lay.dw_regs and not lay.stage) or need > MAX_DB_SMEM_BYTES:
+        raise ValueError(f"db_smem=1 needs a backward with its column sums in registers, not staged (the "
+                         f"stage buffers take the shared memory), in at most {MAX_DB_SMEM_BYTES} bytes of static "
+                         f"shared memory (here {'a backward' if persistent else 'a forward'}, sums in "
+                         f"{'registers' if lay.dw_regs else 'memory'}, {'staged' if lay.stage else 'not staged'}, "
+                         f"{need} bytes); use -1 or 0, or stage=0")
     return replace(lay, db_smem=True)
 
 

@@ -18,6 +18,7 @@ from .layout import (
     HINT_STORES,
     MAX_CLUSTER,
     MAX_VECTOR_BYTES,
+    Layout,
     types,
 )
 from .options import Options, f32
@@ -148,7 +149,8 @@ def common_values(opts: Options) -> dict[str, str]:
         "KERNEL_ATTRS": tgt.min_blocks_attr.format(lay.min_blocks) if lay.min_blocks else "",
         "EB": str(eb),
         "NSUB": str(lay.nsub),
-        "ATOMIC_PIECE": tgt.atomic_piece,
+        "ATOMIC_SCOPE": tgt.atomic_scope,
+        "ATOMIC_ATTRS": tgt.atomic_attrs,
         "WARP": str(tgt.warp),
         "N": str(opts.n),
         "T": opts.dtype,
@@ -215,7 +217,7 @@ USER_VALUES = {"eps": ("EPS",), "wdtype": ("WT",), "store_rstd": ("STORE_RSTD",)
                "atomic_dw": ("ATOMIC_DW",), "no_weight": ("HAS_WEIGHT",)}
 
 
-def _db_values(lay) -> dict[str, str]:
+def _db_values(lay: Layout) -> dict[str, str]:
     space = "workgroup" if lay.db_smem else "private"
     shape = f"{lay.k}x{lay.block}x{lay.vec}" if lay.db_smem else f"{lay.k}x{lay.vec}"
     memref = f"memref<{shape}xf32, #gpu.address_space<{space}>>"

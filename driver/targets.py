@@ -26,7 +26,8 @@ class Target:
     target_attr: str
     convert_pass: str
     rsqrt_piece: str  # common piece spliced for rsqrt
-    atomic_piece: str  # common piece: vector of fp32 atomic adds
+    atomic_scope: str  # common/atomic_add.mlir's fp32 atomics: their LLVM syncscope ...
+    atomic_attrs: str  # ... and attributes
     binary_formats: tuple[str, ...]  # runtime preference order: loadable formats
     isa_suffix: str
     bin_suffix: str
@@ -103,7 +104,7 @@ def _nv(chip: str, ptx: str, clusters: bool) -> Target:
         chip=chip, vendor="nvidia", warp=32, regs_per_sm=65536, max_regs=255,
         target_attr=f'#nvvm.target<chip = "{chip}", features = "+{ptx}", O = 3>',
         convert_pass="convert-gpu-to-nvvm{use-bare-ptr-memref-call-conv=1}",
-        rsqrt_piece="common/rsqrt_nvvm.mlir", atomic_piece="common/atomic_add_nvvm.mlir",
+        rsqrt_piece="common/rsqrt_nvvm.mlir", atomic_scope="device", atomic_attrs="",
         binary_formats=("bin", "isa"), isa_suffix=".ptx", bin_suffix=".cubin",
         cluster_piece="common/cluster_push_nvvm.mlir" if clusters else None,
         prefetch_piece="common/prefetch_nvvm.mlir", stage_piece="common/stage_nvvm.mlir",
@@ -117,7 +118,8 @@ def _amd(chip: str) -> Target:
         chip=chip, vendor="amd", warp=64, regs_per_sm=131072, max_regs=256, hoists_weight=True,
         target_attr=f'#rocdl.target<chip = "{chip}", O = 3>',
         convert_pass=f"convert-gpu-to-rocdl{{chipset={chip} use-bare-ptr-memref-call-conv=1}}",
-        rsqrt_piece="common/rsqrt_rocdl.mlir", atomic_piece="common/atomic_add_rocdl.mlir",
+        rsqrt_piece="common/rsqrt_rocdl.mlir", atomic_scope="agent",
+        atomic_attrs="{rocdl.no_fine_grained_memory, rocdl.no_remote_memory} ",
         binary_formats=("bin",), isa_suffix=".s", bin_suffix=".hsaco",
     )
 

@@ -42,7 +42,7 @@
 // HAS_DRES_OUT, STORE_DRES, DW_REGS, DB_MEMREF, DB_AT, DB_IN_WORKGROUP / DB_IN_PRIVATE (db's
 // sums declared in one attribution list or the other), ATOMIC_DW, PART_ALIGN, L2_PREFETCH, OVERLAP, OVERLAP_K,
 // STAGE, STAGE_BLOCK_BYTES, LATE_EXT_T_PIECE / LATE_EXT_YT_PIECE (pass 2's casts of x and dy),
-// and the target's pieces for atomics (ATOMIC_PIECE), the L2 prefetch (PREFETCH_PIECE) and
+// the target's atomics (ATOMIC_SCOPE, ATOMIC_ATTRS), and its pieces for the L2 prefetch (PREFETCH_PIECE) and
 // staging (STAGE_PIECE).
 // Tensors: x, w, dy, rstd and mean (fp32 per row), dres_out (d_residual_out), dx, dres, dw_part and
 // db_part (fp32 partial rows); scalars: rows, the row strides of x, dy, dres_out, dx and dres
@@ -53,7 +53,7 @@ gpu.module @normir [${TARGET}] {
 // normir:splice ${COMBINE_PIECE}
 // normir:splice ${STATS_PIECE}
 // normir:splice ${RSQRT_PIECE}
-// normir:splice ${ATOMIC_PIECE}
+// normir:splice common/atomic_add.mlir
 // normir:splice ${LATE_EXT_T_PIECE} TENSOR=x TYPE=${T} EXT=${EXT_T}
 // normir:splice ${LATE_EXT_YT_PIECE} TENSOR=dy TYPE=${YT} EXT=${EXT_YT}
 // normir:splice ${CLUSTER_PIECE}

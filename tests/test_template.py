@@ -51,7 +51,8 @@ def test_substitute_splices_common_piece():
     piece = (MLIR_DIR / "common" / "rsqrt_nvvm.mlir").read_text()
     assert out == "module {\n" + piece + "\n}\n"
     # The piece's own placeholders are filled, and count as used.
-    out = T.substitute("// normir:splice common/atomic_add_rocdl.mlir\n", {"N": "128", "V": "4"})
+    out = T.substitute("// normir:splice common/atomic_add.mlir\n",
+                       {"N": "128", "V": "4", "ATOMIC_SCOPE": "agent", "ATOMIC_ATTRS": ""})
     assert "memref<128xf32>" in out and "vector<4xf32>" in out and "${" not in out
     # splice=False leaves the line alone.
     assert T.substitute("// normir:splice x.mlir\n", {}, splice=False) == "// normir:splice x.mlir\n"
