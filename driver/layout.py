@@ -34,6 +34,12 @@ AMD_1024_ROW_ELEMENTS_WB = 32  # the same beside a weight and a bias (fwd_layout
 AMD_UNROLL_K = {True: {4: (16, 64, 64), 8: (12, 16, 32)}, False: {4: (32, 64, 64), 8: (16, 24, 32)}}
 MAX_STAGE_BYTES = 200 * 1024  # STAGE buffers past this leave too little shared memory
 MAX_DB_SMEM_BYTES = 40 * 1024  # db's slots in static shared memory (48 KB at most, beside the reductions')
+# Registers per thread the policy caps a backward at when db's sums move to shared memory (_db_smem):
+# rows held in registers (or read again with a masked chunk), rows read again; the register file's
+# quadrants (a warp's registers come from one: 4 x 16384 on sm_90).
+DB_SMEM_REGS_HELD, DB_SMEM_REGS_READ = 96, 80
+REG_QUADRANTS = 4
+BWD_SUMS_REGS = 128  # a 16-bit backward with its column sums in registers (ptxas: 111-152 at 1024-8192)
 # Persistent kernels stage by default only where two blocks' buffers fit a multiprocessor: at
 # N=16384 (128 KB, one block) the L2 prefetch with eviction hints beat staging at 512 threads by
 # 9% (*tune-v11*); rows of 2048 chunks are staged at 1024 threads instead (_staged).
@@ -187,7 +193,7 @@ def decide(opts: Options, tgt: targets.Target, spec: KernelSpec) -> Layout:
             > tgt.reg_budget_bytes(lay.block * lay.min_blocks):
         lay = replace(lay, prefetch_w=False)  # the weight's registers must fit the cap too
     lay = _overlap(opts, lay, persistent)
-    lay = _db_smem(opts, lay, persistent)
+    lay = _db_smem(opts, lay, tgt, work, persistent)
     if lay.tpr > lay.nchunk:  # the policy's own layouts; forced ones are refused in _forced
         raise AssertionError(f"layout policy bug: {spec.name} N={opts.n} has {lay.tpr} threads per row for "
                              f"{lay.nchunk} chunks; threads without a chunk may hang the block reduction")
@@ -211,23 +217,64 @@ def _overlap(opts: Options, lay: Layout, persistent: bool) -> Layout:
     return replace(lay, overlap=policy if opts.overlap == -1 else opts.overlap)
 
 
-def _db_smem(opts: Options, lay: Layout, persistent: bool) -> Layout:
-    """DB_SMEM, forced only (not yet measured; the lead in docs/tuning.md): a backward with a bias
-    keeps db's column sums in static shared memory, K x V fp32 slots per thread that no other
-    thread reads (no barrier), instead of K x V registers. ptxas (LayerNorm, bf16, sm_90): 123
-    -> 109 registers at N=4096 (128 x 2 blocks, held; 96 with no spill when capped for 5 blocks),
-    110 -> 80 re-reading the row in 256 threads, 123 -> 108 at 8192, 128 (16 bytes of spill)
-    -> 119 at 2880, 127 -> 106 at 1024."""
-    if opts.db_smem != 1 or (persistent and not opts.bdtype):  # without a bias there are no db sums to move
+def _db_smem(opts: Options, lay: Layout, tgt: targets.Target, work: RowWork, persistent: bool) -> Layout:
+    """DB_SMEM, forced or the policy's: a backward with a bias keeps db's column sums in static
+    shared memory, K x V fp32 slots per thread that no other thread reads (no barrier), instead
+    of K x V registers. Alone that costs 1-4% (the slots' loads and stores; *tune-v75*, -v76);
+    the policy takes it where the freed registers buy resident blocks: it caps the registers at
+    DB_SMEM_REGS_HELD (rows held) or DB_SMEM_REGS_READ (rows read again) per thread, the level
+    at which ptxas kept these kernels unspilled. On the H200 (bf16, weight and bias; GB/s
+    against the policy's before):
+
+    - rows held in registers in up to 4 warps, every thread the same chunks, no d_residual_out
+      (LayerNorm's backward): 1024 as 64 x 10 blocks 3745-3766 against 3449-3460, 2048 as 128
+      x 5 3768-3791 against 3427-3430, 4096 (128 x 2 blocks) 3717-3732 against 3578-3634.
+      Capped without it the sums spill (1024: 2890-2900). At 2880 (a masked chunk) the cap
+      spilled (56 bytes), and 256-thread rows (8192) spill at the next level (80);
+    - rows read again in one block (the fused add's backward, reading d_residual_out): 2880
+      as 192 threads 3475-3477 against 3073-3075 (152 -> 92 registers; a masked chunk: 80
+      spilled 8 bytes, so 96), 4096 as 256 x 3 blocks 3824 against 3609-3612. Over a cluster
+      (7168, 8192, 32768) it lost 3-5%, capped or not.
+
+    Only where the column sums take BWD_SPLIT_DW registers a thread or more (16-bit rows): f32
+    rows of 2 chunks keep 64-72 registers without it."""
+    if opts.db_smem == 0 or (persistent and not opts.bdtype):  # without a bias there are no db sums to move
         return lay
     need = lay.k * lay.block * lay.vec * 4
-    if not (persistent and lay.dw_regs and not lay.stage) or need > MAX_DB_SMEM_BYTES:
-        raise ValueError(f"db_smem=1 needs a backward with its column sums in registers, not staged (the "
-                         f"stage buffers take the shared memory), in at most {MAX_DB_SMEM_BYTES} bytes of static "
-                         f"shared memory (here {'a backward' if persistent else 'a forward'}, sums in "
-                         f"{'registers' if lay.dw_regs else 'memory'}, {'staged' if lay.stage else 'not staged'}, "
-                         f"{need} bytes); use -1 or 0, or stage=0")
-    return replace(lay, db_smem=True)
+    if opts.db_smem == 1:
+        if not (persistent and lay.dw_regs and not lay.stage) or need > MAX_DB_SMEM_BYTES:
+            raise ValueError(f"db_smem=1 needs a backward with its column sums in registers, not staged (the "
+                             f"stage buffers take the shared memory), in at most {MAX_DB_SMEM_BYTES} bytes of "
+                             f"static shared memory (here {'a backward' if persistent else 'a forward'}, sums in "
+                             f"{'registers' if lay.dw_regs else 'memory'}, {'staged' if lay.stage else 'not staged'}"
+                             f", {need} bytes); use -1 or 0, or stage=0")
+        return replace(lay, db_smem=True)
+    full = lay.kfull == lay.k  # every thread the same chunks (no masked one)
+    sums_regs = lay.k * lay.vec * col_sums(work, opts)  # fp32 column sums per thread (dw's and db's)
+    if not (persistent and tgt.min_blocks_attr and opts.has_weight and lay.dw_regs and not lay.stage
+            and need <= MAX_DB_SMEM_BYTES and lay.k <= 2 and sums_regs >= BWD_SPLIT_DW):
+        return lay
+    # Held rows over a cluster spilled at the cap in 3 warps (3072: 64 bytes) and beside an fp32
+    # weight (4096: 8 bytes; tests/test_sm90_spill.py): whole powers of two, w no wider than x.
+    cluster_ok = lay.wpr & (lay.wpr - 1) == 0 and DTYPES[opts.wdtype] <= DTYPES[opts.dtype]
+    if lay.cache_row and full and not opts.has_dres_out and lay.block <= BWD_WIDE_WARPS * lay.warp \
+            and (lay.cluster == 1 or cluster_ok):
+        regs = DB_SMEM_REGS_HELD
+    elif not lay.cache_row and lay.cluster == 1:
+        regs = DB_SMEM_REGS_READ if full else DB_SMEM_REGS_HELD
+    else:
+        return lay
+    blocks = _resident(tgt, lay, regs)
+    if blocks <= _resident(tgt, lay, BWD_SUMS_REGS):
+        return lay  # no block gained over the sums in registers (224 or 256 threads with a masked chunk)
+    return replace(lay, db_smem=True, min_blocks=lay.min_blocks or blocks)
+
+
+def _resident(tgt: targets.Target, lay: Layout, regs: int) -> int:
+    """Blocks of a layout resident on one multiprocessor at `regs` registers a thread: a warp's
+    registers come from one quadrant of the register file."""
+    quad_warps = tgt.regs_per_sm // REG_QUADRANTS // (regs * lay.warp)
+    return REG_QUADRANTS * quad_warps // (lay.block // lay.warp)
 
 
 def _pow2_ceil(x: int) -> int:
@@ -476,7 +523,26 @@ def fwd_layout(opts: Options, tgt: targets.Target, work: RowWork) -> Layout:
     sixteen = {lay.vec * DTYPES[t] for t in row_types(work, opts)} == {MAX_VECTOR_BYTES}
     if policy and tgt.hints and lay.cluster == 1 and sixteen \
             and FWD_STREAM_CHUNKS[0] <= lay.nchunk <= FWD_STREAM_CHUNKS[1]:
-        return _streamed(lay, two_reads=len(reads(work, opts)) > 1, sums=work.sums)
+        two_reads = len(reads(work, opts)) > 1
+        streamed = _streamed(lay, two_reads=two_reads, sums=work.sums)
+        if work.sums > 1 and two_reads and streamed.tpr == MAX_THREADS and tgt.clusters:
+            # Two reads and a wider summary that stream in 1024 threads (the fused add's
+            # LayerNorm at N=32768): held over FWD_WIDE_CLUSTER blocks of 256 instead. On the
+            # H200 (bf16, *tune-v78*): 3960-3974 GB/s against 3267-3270; over 2 blocks of 512
+            # 3536-3545, of 1024 (2 chunks) 3604-3612. One read (LayerNorm's own) stays streamed:
+            # 3358-3363 against 2880-3307 over clusters.
+            c = FWD_WIDE_CLUSTER
+            held = row_layout(opts.n, lay.vec, hb, tgt, MAX_THREADS // c, DTYPES[opts.wdtype], c)
+            if held.cache_row and held.cluster == c:
+                return held
+        if work.sums > 1 and not two_reads and lay.nchunk % lay.warp:
+            # One read of a wider summary whose chunks do not split over whole warps (N=2880):
+            # held in registers at the streamed threads, no L2 hints. On the H200 (bf16, weight
+            # and bias, *tune-v73*, -v75, -v76): 3756-3776 GB/s against 3666-3695 streamed.
+            held = _row_block_layout(opts.n, lay.vec, hb, tgt, streamed.tpr, DTYPES[opts.wdtype])
+            if held.cache_row:
+                return held
+        return streamed
     return lay
 
 

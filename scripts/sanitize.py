@@ -53,7 +53,8 @@ def err(a, b):
 # Layouts the policy does not pick, forced (NORMIR_TPR): the forward over a 2-block cluster, the
 # staged backward over 2-block clusters, and every cache hint in both kernels at N=4096.
 FORCED = "rmsnorm_fwd:4096=0h23,rmsnorm_fwd:32768=0x2,rmsnorm_bwd:32768=0s1,rmsnorm_bwd:4096=0h23"
-# LayerNorm's backward with db's sums in shared memory (db_smem, forced only), at SANITIZE_LN's N.
+# LayerNorm's backward with db's sums in shared memory, forced where the policy does not give it, at
+# SANITIZE_LN's N.
 LN_FORCED = ",".join(f"layernorm_bwd:{n}={tpr_value(k)}" for n, k in dict(reversed(DB_SMEM_CASES)).items()
                      if n in dict(SANITIZE_LN))  # the first case of each N
 
@@ -137,6 +138,7 @@ def layernorm_cases() -> int:
     bad = 0
     for n, dt in SANITIZE_LN:
         for name, has_w, has_b, r_t in SANITIZE_LN_COMBOS:
+            r_t = dt if r_t == "x" else r_t
             for m in (1, 37):
                 x = torch.randn((m, n), device="cuda").to(TORCH[dt]).requires_grad_(True)
                 r = torch.randn((m, n), device="cuda").to(TORCH[r_t]).requires_grad_(True) if r_t else None

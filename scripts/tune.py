@@ -1,7 +1,7 @@
 """Time layout variants (threads per row) of the RMSNorm kernels (fwd, bwd), the fused
 residual add's (add_fwd, add_bwd: residual in x's type, d_residual_out given) and LayerNorm's
-(ln_fwd, ln_bwd: a weight and a bias, eps 1e-5; add_ln_fwd: its fused add, the residual in x's
-type) side by side on one GPU.
+(ln_fwd, ln_bwd: a weight and a bias, eps 1e-5; add_ln_fwd, add_ln_bwd: its fused add, the
+residual in x's type, d_residual_out given) side by side on one GPU.
 
     python scripts/tune.py plan        # print the variants' Options (for `normir aot`)
     python scripts/tune.py run         # on the GPU: GB/s per variant, M*N = 2^27, bf16
@@ -19,30 +19,27 @@ import os
 import sys
 
 VARIANTS = {  # (op, N, dtype): layouts to compare, as NORMIR_TPR values ("0": the policy's)
-    # v75 (not run yet; v74's record: docs/results/2026-12-01p-h200.md). LayerNorm's forward at
-    # 2880 held in registers (v73: +2%) and at 32768 held (1024 x 4, 64 bytes of row a thread)
-    # against the streamed row. Its backward with db's sums in shared memory (d1; ptxas: 123 ->
-    # 109 registers at 4096, 96 without spill capped for 5 blocks of 128, m5; 110 -> 80 in 256
-    # threads re-reading the row; 128 with 16 bytes of spill -> 119 at 2880), and at 16384 over
-    # 8 blocks of 128 (v74: +1%).
-    ("ln_fwd", 2880, "bf16"): ("0", "96"),
-    ("ln_fwd", 32768, "bf16"): ("0", "1024r1"),
-    ("ln_bwd", 1024, "bf16"): ("0", "64d1"),
-    ("ln_bwd", 2880, "bf16"): ("0", "96x2r1d1"),
-    ("ln_bwd", 4096, "bf16"): ("0", "128d1", "128m5d1", "256r0d1"),
-    ("ln_bwd", 8192, "bf16"): ("0", "256x2d1", "256x2r0d1"),
-    ("ln_bwd", 16384, "bf16"): ("0", "128x8r1", "256x4d1"),
-    ("ln_bwd", 32768, "bf16"): ("0", "256x8d1"),
+    # v78 (v75 to v77: docs/results/2026-12-01r-h200.md; kept: layout._db_smem; dw's sums in
+    # shared memory too lost 4-12% where it added blocks, v77, and was removed). LayerNorm's
+    # backward at 16384 over 8 blocks of 128, held: +1% (v74), +2.4% (v75), +1.6% (v76).
+    ("ln_bwd", 16384, "bf16"): ("0", "128x8r1"),
+    # The forwards at 32768 (LayerNorm's 81% of copy, the fused add's 78.5%, behind
+    # torch.compile's 3906 GB/s) held over clusters of 2 and 4 blocks against the streamed
+    # 1024 x 4 (RMSNorm over 2 blocks: -1%, v41); 4 blocks capped for 4 a multiprocessor as
+    # RMSNorm's 65536.
+    ("ln_fwd", 32768, "bf16"): ("0", "512x2", "1024x2", "256x4", "256x4m4"),
+    ("add_ln_fwd", 32768, "bf16"): ("0", "512x2", "1024x2", "256x4", "256x4m4"),
 }
 KERNEL = {"fwd": "rmsnorm_fwd", "bwd": "rmsnorm_bwd", "add_fwd": "fused_add_rmsnorm_fwd",
           "add_bwd": "fused_add_rmsnorm_bwd", "ln_fwd": "layernorm_fwd", "ln_bwd": "layernorm_bwd",
-          "add_ln_fwd": "layernorm_fwd"}
+          "add_ln_fwd": "layernorm_fwd", "add_ln_bwd": "layernorm_bwd"}
 # The fused kernels' feature options (the bf16 residual, d_residual_out; LayerNorm's bias, whose
 # column sums the backward keeps in fp32) for launch.handle.
 EXTRA = {"add_fwd": (("rdtype", "bf16"), ("store_residual", True)), "add_bwd": (("has_dres_out", True),),
          "ln_fwd": (("bdtype", "bf16"),), "ln_bwd": (("bdtype", "f32"),),
+         "add_ln_bwd": (("bdtype", "f32"), ("has_dres_out", True)),
          "add_ln_fwd": (("rdtype", "bf16"), ("sdtype", "bf16"), ("bdtype", "bf16"), ("store_residual", True))}
-BYTES = {"fwd": 2, "bwd": 3, "add_fwd": 4, "add_bwd": 4, "ln_fwd": 2, "ln_bwd": 3, "add_ln_fwd": 4}
+BYTES = {"fwd": 2, "bwd": 3, "add_fwd": 4, "add_bwd": 4, "ln_fwd": 2, "ln_bwd": 3, "add_ln_fwd": 4, "add_ln_bwd": 4}
 EPS, LN_EPS = 1e-6, 1e-5  # RMSNorm's and LayerNorm's (a backward's kernel is keyed on BWD_KEY_EPS)
 
 
@@ -75,7 +72,7 @@ def plan() -> list[dict]:
                 out += [{**d, **knobs} if d["kernel"] != "rmsnorm_dw_reduce" else d
                         for d in fused_bwd(n, dt, dt, vec=vec)] + [fused_fwd(n, dt, dt, vec=vec)]
                 continue
-            if op in ("ln_fwd", "ln_bwd", "add_ln_fwd"):
+            if op in ("ln_fwd", "ln_bwd", "add_ln_fwd", "add_ln_bwd"):
                 out += _ln_plan(op, n, dt, vec, knobs)
                 continue
             fwd = dict(kernel="rmsnorm_fwd", n=n, dtype=dt, wdtype=dt, eps=1e-6, target="sm_90", vec=vec)
@@ -105,6 +102,11 @@ def _ln_plan(op: str, n: int, dt: str, vec: int, knobs: dict) -> list[dict]:
         return [{**fwd, **knobs, "store_rstd": False}, {**fwd, **knobs, "store_rstd": True}]
     bwd = dict(kernel="layernorm_bwd", n=n, dtype=dt, wdtype=dt, eps=BWD_KEY_EPS, target="sm_90", vec=vec,
                bdtype="f32", **knobs)
+    if op == "add_ln_bwd":  # d_residual_out read; the forward stores residual_out and the statistics
+        return [{**bwd, "has_dres_out": True},
+                dict(kernel="rmsnorm_dw_reduce", n=n, dtype="f32", wdtype=dt, eps=BWD_KEY_EPS, target="sm_90",
+                     vec=max_vec(n, 4)),
+                {**fwd, "rdtype": dt, "sdtype": dt, "store_residual": True, "store_rstd": True}]
     return [bwd, {**bwd, "has_weight": False, "bdtype": ""},
             dict(kernel="rmsnorm_dw_reduce", n=n, dtype="f32", wdtype=dt, eps=BWD_KEY_EPS, target="sm_90",
                  vec=max_vec(n, 4)),
@@ -119,6 +121,9 @@ def _outputs(normir, op: str, x, w, dy, bias) -> tuple:
     if op == "ln_bwd":
         _, mean, rstd = normir.layernorm_fwd(x, w, bias, LN_EPS, store_stats=True)
         return normir.layernorm_bwd(x, w, dy, mean, rstd, has_bias=True)
+    if op == "add_ln_bwd":  # dy stands in for the residual, x for d_residual_out
+        _, h, mean, rstd = normir.fused_add_layernorm_fwd(x, dy, w, bias, LN_EPS, store_stats=True)
+        return normir.fused_add_layernorm_bwd(dy, h, w, mean, rstd, x, has_bias=True)
     if op == "fwd":
         return (normir.rmsnorm_fwd(x, w, 1e-6)[0],)
     if op == "add_fwd":
@@ -140,6 +145,9 @@ def _timed(normir, op: str, x, w, dy, bias) -> dict:
         _, mean, rstd = normir.layernorm_fwd(x, w, bias, LN_EPS, store_stats=True)
         return {"": lambda: normir.layernorm_bwd(x, w, dy, mean, rstd, has_bias=True),
                 "no-w": lambda: normir.layernorm_bwd(x, None, dy, mean, rstd)}
+    if op == "add_ln_bwd":
+        _, h, mean, rstd = normir.fused_add_layernorm_fwd(x, dy, w, bias, LN_EPS, store_stats=True)
+        return {"": lambda: normir.fused_add_layernorm_bwd(dy, h, w, mean, rstd, x, has_bias=True)}
     if op == "fwd":
         return {"": lambda: normir.rmsnorm_fwd(x, w, 1e-6)}
     if op == "add_fwd":

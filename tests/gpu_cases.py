@@ -264,16 +264,19 @@ LN_FUSED_COMBOS = (
 LN_STATS_N = (100, 2880, 65536)
 LN_ACCURACY_N = (1024, 4096)
 LN_BIT_N = (1024, 65536)
+# 4096: the fused add's backward with db's sums in shared memory, capped; 32768: its forward held
+# over a 4-block cluster.
+LN_FUSED_N = (*FUSED_N, 4096, 32768)
 # scripts/sanitize.py: (N, x's dtype): several rows per block with narrow vectors (100), a masked
 # tail (2880), rows in registers (4096), multi-warp rows (16384), rows over clusters of 2 / 4 / 8
 # blocks (32768, 65536, 131072 in f32); each with every SANITIZE_LN_COMBOS entry, (name, weight,
-# bias, the residual's dtype or None): weight and bias of x's type; the fused add with an fp32
-# residual gets d_residual_out. Atomic column sums at SANITIZE_LN_ATOMIC_N (bf16), with and
+# bias, the residual's dtype, "x" for x's, or None): weight and bias of x's type; the fused add
+# gets d_residual_out. Atomic column sums at SANITIZE_LN_ATOMIC_N (bf16), with and
 # without an fp32 residual.
 SANITIZE_LN = ((100, "bf16"), (2880, "bf16"), (4096, "f16"), (16384, "bf16"), (32768, "bf16"), (65536, "bf16"),
                (131072, "f32"))
 SANITIZE_LN_COMBOS = (("plain", True, False, None), ("bias", True, True, None), ("no weight", False, False, None),
-                      ("fused f32 residual", True, True, "f32"))
+                      ("fused f32 residual", True, True, "f32"), ("fused", True, True, "x"))
 SANITIZE_LN_ATOMIC_N = (4096, 32768)
 
 
@@ -285,7 +288,8 @@ def layer_bwd(n, x, r=None, w="", b=None, s=None, o=None, **kw) -> list[dict]:
     return fused_bwd(n, x, r, w, b, s, o, kernel="layernorm_bwd", **kw)
 
 
-# LayerNorm's backward with db's sums in shared memory, forced (db_smem is not the policy's yet):
+# LayerNorm's backward with db's sums in shared memory, forced on layouts the policy does not give
+# it (the policy's own: 1024, 2048, 4096 plain; 2880, 4096 fused, in FWD_N and LN_FUSED_N):
 # test_db_sums_in_shared_memory runs each, scripts/sanitize.py those of SANITIZE_LN's N.
 DB_SMEM_CASES = ((1024, dict(tpr=64, db_smem=1)), (2880, dict(tpr=96, cluster=2, cache_row=1, db_smem=1)),
                  (4096, dict(tpr=128, db_smem=1)), (4096, dict(tpr=256, cache_row=0, db_smem=1)),
@@ -309,7 +313,7 @@ def layer_specializations() -> list[dict]:
         for n in LN_COMBO_N:
             plan += [layer_fwd(n, x, w=w, b=b)] + layer_bwd(n, x, w=w, b=b)
     for combo in LN_FUSED_COMBOS:
-        for n in FUSED_N:
+        for n in LN_FUSED_N:
             plan.append(layer_fwd(n, *combo))
             plan += layer_bwd(n, *combo) + layer_bwd(n, *combo, dres_out=False)
     for n in LN_ACCURACY_N:
@@ -320,7 +324,7 @@ def layer_specializations() -> list[dict]:
         plan += layer_bwd(n, "bf16", b="bf16", atomic=True)
     for n, dt in SANITIZE_LN:
         for _, has_w, has_b, r in SANITIZE_LN_COMBOS:
-            w, b = (dt if has_w else None), (dt if has_b else None)
+            w, b, r = (dt if has_w else None), (dt if has_b else None), (dt if r == "x" else r)
             plan += [layer_fwd(n, dt, r, w, b)] + layer_bwd(n, dt, r, w, b)
     for n in SANITIZE_LN_ATOMIC_N:
         for r in (None, "f32"):
@@ -332,6 +336,7 @@ def layer_specializations() -> list[dict]:
         for sn, dt in SANITIZE_LN:
             if sn == n:
                 for _, has_w, has_b, r in SANITIZE_LN_COMBOS:
+                    r = dt if r == "x" else r
                     plan += _forced_bwd(layer_bwd(n, dt, r, dt if has_w else None, dt if has_b else None), knobs)
     gradcheck = ("f32", "f32", "f32", "f32")
     plan += [layer_fwd(100, *gradcheck)] + layer_bwd(100, *gradcheck)

@@ -15,7 +15,6 @@ from gpu_cases import (
     DB_SMEM_CASES,
     DTYPE_NAMES,
     EPS,
-    FUSED_N,
     FWD_M,
     FWD_N,
     LN_ACCURACY_N,
@@ -24,6 +23,7 @@ from gpu_cases import (
     LN_COMBOS,
     LN_EPS,
     LN_FUSED_COMBOS,
+    LN_FUSED_N,
     LN_STATS_N,
     TRAIN_N,
     tpr_value,
@@ -126,7 +126,7 @@ def test_weight_bias_absent_and_mixed_dtypes(combo, n):
 
 
 @pytest.mark.parametrize("prenorm", (True, False), ids=("d_residual_out", "no_d_residual_out"))
-@pytest.mark.parametrize("n", FUSED_N)
+@pytest.mark.parametrize("n", LN_FUSED_N)
 @pytest.mark.parametrize("combo", LN_FUSED_COMBOS, ids=lambda c: "-".join(str(v) for v in c))
 def test_fused_add(combo, n, prenorm):
     check((199, n), *combo, prenorm=prenorm)
@@ -174,7 +174,7 @@ def test_dw_db_bit_identical_across_runs_and_atomic_mode(n):
 
 @pytest.mark.parametrize("n,knobs", DB_SMEM_CASES, ids=lambda v: tpr_value(v) if isinstance(v, dict) else str(v))
 def test_db_sums_in_shared_memory(monkeypatch, n, knobs):
-    # db's column sums in shared memory (db_smem, forced: not the policy's yet), with and without
+    # db's column sums in shared memory (db_smem) forced on layouts the policy does not give it, with and without
     # d_residual_out; dw and db stay bit-identical from run to run.
     from normir import launch
     monkeypatch.setenv("NORMIR_TPR", f"layernorm_bwd:{n}={tpr_value(knobs)}")

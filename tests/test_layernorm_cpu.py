@@ -143,14 +143,15 @@ def test_backward_holds_its_rows_where_rmsnorm_rereads_them(n):
 
 
 def test_db_sums_in_shared_memory_knob(monkeypatch):
-    # Forced only: the backward's db sums move to K x BLOCK x V fp32 of workgroup memory, aligned
-    # for 16-byte accesses; without a bias there is nothing to move; a forward refuses it.
+    # Forced: the backward's db sums move to K x BLOCK x V fp32 of workgroup memory, aligned for
+    # 16-byte accesses; without a bias there is nothing to move; a forward refuses it.
     from normir.launch import tpr_overrides
     from normir.specialize import values_for
 
-    lay = Options(kernel="layernorm_bwd", n=4096, bdtype="f32", db_smem=1).layout
-    assert lay.db_smem and not Options(kernel="layernorm_bwd", n=4096, bdtype="f32").layout.db_smem
-    v = values_for(Options(kernel="layernorm_bwd", n=4096, bdtype="f32", db_smem=1))
+    lay = Options(kernel="layernorm_bwd", n=8192, bdtype="f32", db_smem=1).layout
+    assert lay.db_smem and not Options(kernel="layernorm_bwd", n=8192, bdtype="f32").layout.db_smem
+    assert not Options(kernel="layernorm_bwd", n=4096, bdtype="f32", db_smem=0).layout.db_smem
+    v = values_for(Options(kernel="layernorm_bwd", n=8192, bdtype="f32", db_smem=1))
     assert v["DB_MEMREF"] == f"memref<{lay.k}x{lay.block}x{lay.vec}xf32, #gpu.address_space<workgroup>>"
     assert "llvm.align = 16" in v["DB_IN_WORKGROUP"] and v["DB_IN_PRIVATE"] == ""
     assert not Options(kernel="layernorm_bwd", n=4096, db_smem=1).layout.db_smem
@@ -161,3 +162,48 @@ def test_db_sums_in_shared_memory_knob(monkeypatch):
     monkeypatch.setenv("NORMIR_TPR", "layernorm_bwd:4096=128m5d1")
     over = tpr_overrides()[("layernorm_bwd", 4096)]
     assert (over["tpr"], over["min_blocks"], over["db_smem"]) == (128, 5, 1)
+
+
+@pytest.mark.parametrize(("n", "dres", "blocks"), [(1024, False, 10), (2048, False, 5), (4096, False, 5),
+                                                     (2880, True, 3), (4096, True, 3)])
+def test_policy_moves_db_sums_where_a_block_is_gained(n, dres, blocks):
+    # The policy's db_smem: 16-bit rows of 2 chunks a thread, with a weight and a bias, whose
+    # freed registers let a cap add resident blocks (96 registers for held rows and rows with a
+    # masked chunk, 80 for rows read again): 4 -> 5 blocks of 128 threads, 2 -> 3 of 192 and 256.
+    lay = Options(kernel="layernorm_bwd", n=n, bdtype="f32", has_dres_out=dres).layout
+    assert (lay.db_smem, lay.min_blocks, lay.k) == (True, blocks, 2)
+    # Not where no block is gained or the cap spilled (tests/test_sm90_spill.py): over a cluster
+    # of 256 threads (8192), held rows with a masked chunk (2880), over a cluster in 3 warps
+    # (3072), beside an fp32 weight over a cluster (4096); not in fp32 rows (64-72 registers
+    # already), not without a bias or a weight, not on gfx950 (measured on the H200 only).
+    for kw in (dict(n=8192), dict(n=2880), dict(n=3072), dict(n=4096, wdtype="f32"), dict(n=8192, has_dres_out=True),
+               dict(n=1024, dtype="f32"), dict(n=2048, has_weight=False), dict(n=1024, target="gfx950")):
+        other = Options(kernel="layernorm_bwd", **{"bdtype": "f32", **kw}).layout
+        assert not other.db_smem and not other.min_blocks, kw
+    assert not Options(kernel="layernorm_bwd", n=1024).layout.db_smem  # no bias
+    forced = Options(kernel="layernorm_bwd", n=1024, bdtype="f32", min_blocks=8).layout
+    assert (forced.db_smem, forced.min_blocks) == (True, 8)  # a forced cap stays
+
+
+def test_one_read_rows_of_a_masked_chunk_are_held():
+    # LayerNorm's forward at N=2880 (360 chunks: not whole warps) holds the row at the streamed
+    # layout's 96 threads, without its L2 hints; 4096 stays streamed.
+    lay = Options(kernel="layernorm_fwd", n=2880, bdtype="bf16").layout
+    assert (lay.tpr, lay.k, lay.cache_row, lay.hints) == (96, 4, True, 0)
+    assert not Options(kernel="layernorm_fwd", n=4096, bdtype="bf16").layout.cache_row
+    fused = Options(kernel="layernorm_fwd", n=2880, bdtype="bf16", rdtype="bf16", store_residual=True).layout
+    assert not fused.cache_row  # two reads: streamed
+
+
+def test_fused_add_rows_of_1024_streamed_threads_are_held_over_a_cluster():
+    # The fused add's LayerNorm forward at N=32768 (two reads, a wider summary: 1024 x 4
+    # streamed) is held over 4 blocks of 256; LayerNorm's own (one read) and RMSNorm's fused
+    # add stay streamed; gfx950 (no clusters) keeps its own layout.
+    fused = dict(kernel="layernorm_fwd", n=32768, bdtype="bf16", rdtype="bf16", store_residual=True)
+    lay = Options(**fused).layout
+    assert (lay.tpr, lay.cluster, lay.k, lay.cache_row) == (256, 4, 4, True)
+    assert not Options(kernel="layernorm_fwd", n=32768, bdtype="bf16").layout.cache_row
+    rms = Options(kernel="fused_add_rmsnorm_fwd", n=32768, rdtype="bf16", store_residual=True).layout
+    assert (rms.tpr, rms.cluster, rms.cache_row) == (1024, 1, False)
+    assert Options(**fused, target="gfx950").layout.cluster == 1
+    assert Options(**{**fused, "n": 16384}).layout.cluster == 1  # 512 x 4 streamed
