@@ -367,9 +367,10 @@ def _parser() -> argparse.ArgumentParser:
     c.add_argument("--batch-reload", type=int, default=-1, choices=(-1, 0, 1),
                    help="forward rows read twice: pass 2 loads all its chunks of x and w before computing (1) "
                         "or chunk by chunk (0)")
-    c.add_argument("--db-smem", type=int, default=-1, choices=(-1, 0, 1),
+    c.add_argument("--db-smem", type=int, default=-1, choices=(-1, 0, 1, 2, 3),
                    help="backward with a bias: db's column sums in shared memory, each thread its own slots (1), "
-                        "or in registers (0)")
+                        "in 16-byte quarters without bank conflicts (2), dw's too in quarters (3), or in "
+                        "registers (0)")
     c.add_argument("--set", action="append", metavar="NAME=VALUE",
                    help="fill a placeholder the text uses with VALUE (not the layout's: use the knobs above)")
     c.add_argument("--include", action="append", metavar="DIR",

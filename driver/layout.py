@@ -83,7 +83,7 @@ class Layout:
     min_blocks: int = 0  # blocks that must fit one multiprocessor (caps registers per thread); 0: no cap
     hints: int = 0  # cache hints, a sum of the HINT_* bits (loads of the rows read, stores of those written)
     overlap: int = 0  # persistent over a cluster: pass 2's first chunks loaded between posting the total and the wait
-    db_smem: bool = False  # persistent with a bias: db's column sums in shared memory, each thread its own slots
+    db_smem: int = 0  # persistent with a bias: db's column sums in shared memory, each thread its own (Options.db_smem)
 
     @property
     def smem_bytes(self) -> int:
@@ -237,18 +237,23 @@ def _db_smem(opts: Options, lay: Layout, tgt: targets.Target, work: RowWork, per
       (7168, 8192, 32768) it lost 3-5%, capped or not.
 
     Only where the column sums take BWD_SPLIT_DW registers a thread or more (16-bit rows): f32
-    rows of 2 chunks keep 64-72 registers without it."""
+    rows of 2 chunks keep 64-72 registers without it.
+
+    Forced only, not yet measured: the slots in 16-byte quarters, which no warp access finds in
+    conflict (2), and dw's sums there too (3; without a weight, 2). dw's slots at [k][tid]
+    lost 4-12% where they added blocks (*tune-v77*)."""
     if opts.db_smem == 0 or (persistent and not opts.bdtype):  # without a bias there are no db sums to move
         return lay
-    need = lay.k * lay.block * lay.vec * 4
-    if opts.db_smem == 1:
+    moved = 2 if opts.db_smem == 3 and opts.has_weight else 1  # dw's sums move too at 3
+    need = moved * lay.k * lay.block * lay.vec * 4
+    if opts.db_smem > 0:
         if not (persistent and lay.dw_regs and not lay.stage) or need > MAX_DB_SMEM_BYTES:
-            raise ValueError(f"db_smem=1 needs a backward with its column sums in registers, not staged (the "
+            raise ValueError(f"db_smem={opts.db_smem} needs a backward with its column sums in registers, not staged (the "
                              f"stage buffers take the shared memory), in at most {MAX_DB_SMEM_BYTES} bytes of "
                              f"static shared memory (here {'a backward' if persistent else 'a forward'}, sums in "
                              f"{'registers' if lay.dw_regs else 'memory'}, {'staged' if lay.stage else 'not staged'}"
                              f", {need} bytes); use -1 or 0, or stage=0")
-        return replace(lay, db_smem=True)
+        return replace(lay, db_smem=min(opts.db_smem, 1 + moved))  # 3 without a weight: 2
     full = lay.kfull == lay.k  # every thread the same chunks (no masked one)
     sums_regs = lay.k * lay.vec * col_sums(work, opts)  # fp32 column sums per thread (dw's and db's)
     if not (persistent and tgt.min_blocks_attr and opts.has_weight and lay.dw_regs and not lay.stage
@@ -267,7 +272,7 @@ def _db_smem(opts: Options, lay: Layout, tgt: targets.Target, work: RowWork, per
     blocks = _resident(tgt, lay, regs)
     if blocks <= _resident(tgt, lay, BWD_SUMS_REGS):
         return lay  # no block gained over the sums in registers (224 or 256 threads with a masked chunk)
-    return replace(lay, db_smem=True, min_blocks=lay.min_blocks or blocks)
+    return replace(lay, db_smem=1, min_blocks=lay.min_blocks or blocks)
 
 
 def _resident(tgt: targets.Target, lay: Layout, regs: int) -> int:

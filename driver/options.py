@@ -68,7 +68,8 @@ class Options:
     overlap: int = -1  # persistent over a cluster: pass 2's chunks loaded inside the exchange (0: none); -1: policy
     cache_row: int = -1  # 1/0: the rows read held in registers between the passes, or read again; -1: policy
     batch_reload: int = -1  # rows read twice, 1/0: pass 2 loads all its chunks before computing or not; -1: policy
-    db_smem: int = -1  # backward with a bias, 1/0: db's column sums in shared memory or registers; -1: policy
+    db_smem: int = -1  # backward with a bias: db's column sums in shared memory (1; 2 in conflict-free quarters; 3 dw's
+    # too, in quarters) or registers (0); -1: the policy's
     layout: Layout = field(init=False, compare=False, repr=False)
 
     def __post_init__(self) -> None:
@@ -123,8 +124,9 @@ class Options:
                    "choose 1 (the row held in registers), 0 (read again) or -1 (the policy's)")
         _check_int("batch_reload", self.batch_reload, -1, 1,
                    "choose 1 (pass 2 loads every chunk first), 0 (chunk by chunk) or -1 (the policy's)")
-        _check_int("db_smem", self.db_smem, -1, 1,
-                   "choose 1 (db's column sums in shared memory), 0 (in registers) or -1 (the policy's)")
+        _check_int("db_smem", self.db_smem, -1, 3,
+                   "choose 1 (db's column sums in shared memory), 2 (in conflict-free quarters), 3 (dw's too), "
+                   "0 (in registers) or -1 (the policy's)")
         if self.min_blocks and not tgt.min_blocks_attr:
             raise ValueError(f"min_blocks={self.min_blocks}: {self.target} has no blocks-per-multiprocessor bound; use 0")
         object.__setattr__(self, "layout", decide(self, tgt, spec))

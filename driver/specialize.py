@@ -165,7 +165,7 @@ def common_values(opts: Options) -> dict[str, str]:
         "DW_REGS": _bool(lay.dw_regs),
         # db's column sums: K x V private registers, or with DB_SMEM K x BLOCK x V workgroup slots
         # (each thread its own, indexed by the thread id).
-        **_db_values(lay),
+        **_slot_values(lay),
         "OVERLAP": _bool(lay.overlap > 0),
         "OVERLAP_K": str(lay.overlap),
         "BLOCK": str(lay.block),
@@ -207,8 +207,8 @@ LAYOUT_VALUES = {
     "CACHE_ROW": "--cache-row", "OVERLAP": "--overlap", "OVERLAP_K": "--overlap", "BATCH_RELOAD": "--batch-reload",
     "KERNEL_ATTRS": "--min-blocks", "ROWS": "", "BLOCK": "", "K": "", "KFULL": "", "NCHUNK": "", "NSUB": "",
     "WPR": "", "MULTI_WARP": "", "SHUFFLE_STEPS": "", "WARP_STEPS": "", "WPR_P2": "", "EQUAL_COUNTS": "",
-    "PAIR_FIRST": "", "DW_REGS": "", "PREFETCH_W": "", "DB_MEMREF": "--db-smem", "DB_AT": "--db-smem",
-    "DB_IN_WORKGROUP": "--db-smem", "DB_IN_PRIVATE": "--db-smem",
+    "PAIR_FIRST": "", "DW_REGS": "", "PREFETCH_W": "", "SLOT_Q": "--db-smem", "SLOT_H": "--db-smem",
+    **{f"{t}_{k}": "--db-smem" for t in ("DB", "DW") for k in ("GET", "PUT", "PUT_TO", "IN_WORKGROUP", "IN_PRIVATE")},
     "RED_REUSED": "", "COL_THREADS": "", "ROW_THREADS": "", "ARGS": "", "ABSENT": "",
 }
 # The placeholders each user-given option of `normir compile` fills: an option the text does not use
@@ -217,14 +217,31 @@ USER_VALUES = {"eps": ("EPS",), "wdtype": ("WT",), "store_rstd": ("STORE_RSTD",)
                "atomic_dw": ("ATOMIC_DW",), "no_weight": ("HAS_WEIGHT",)}
 
 
-def _db_values(lay: Layout) -> dict[str, str]:
-    space = "workgroup" if lay.db_smem else "private"
-    shape = f"{lay.k}x{lay.block}x{lay.vec}" if lay.db_smem else f"{lay.k}x{lay.vec}"
-    memref = f"memref<{shape}xf32, #gpu.address_space<{space}>>"
-    # 16-byte accesses: the workgroup buffer's alignment must say so (its element's is 4).
-    decl = f",\n              %dbbuf: {memref}" + (" {llvm.align = 16 : i64}" if lay.db_smem else "")
-    return {"DB_MEMREF": memref, "DB_AT": "%k, %tid, %c0" if lay.db_smem else "%k, %c0",
-            "DB_IN_WORKGROUP": decl if lay.db_smem else "", "DB_IN_PRIVATE": "" if lay.db_smem else decl}
+def _slot_values(lay: Layout) -> dict[str, str]:
+    """The column sums' slots, db's (DB_*) and dw's (DW_*), per the layout's db_smem: K x V fp32
+    registers a thread (0), K x V shared-memory slots a thread at [k][tid] (db's at 1), or in
+    16-byte quarters at [k][quarter][tid] (db's at 2, dw's too at 3; common/slots_split.mlir)."""
+    q = min(lay.vec, MAX_VECTOR_BYTES // 4)  # fp32 a quarter
+    out = {"SLOT_Q": str(q), "SLOT_H": str(lay.vec // q)}
+    vec = f"vector<{lay.vec}xf32>"
+    for tag, kind in (("DB", lay.db_smem), ("DW", 2 if lay.db_smem == 3 else 0)):
+        buf = f"%{tag.lower()}buf"
+        shape = {0: f"{lay.k}x{lay.vec}", 1: f"{lay.k}x{lay.block}x{lay.vec}"}.get(
+            kind, f"{lay.k}x{lay.vec // q}x{lay.block}x{q}")
+        memref = f"memref<{shape}xf32, #gpu.address_space<{'workgroup' if kind else 'private'}>>"
+        if kind < 2:
+            at = "%k, %tid, %c0" if kind else "%k, %c0"
+            access = {"GET": f"vector.load {buf}[{at}] : {memref}, {vec}", "PUT": "vector.store",
+                      "PUT_TO": f"{buf}[{at}] : {memref}, {vec}"}
+        else:
+            fn = f"@normir_{tag.lower()}"
+            access = {"GET": f"func.call {fn}_get({buf}, %k, %tid) : ({memref}, index, index) -> {vec}",
+                      "PUT": f"func.call {fn}_put(", "PUT_TO": f"{buf}, %k, %tid) : ({vec}, {memref}, index, index) -> ()"}
+        # 16-byte accesses: the workgroup buffer's alignment must say so (its element's is 4).
+        decl = f",\n              {buf}: {memref}" + (" {llvm.align = 16 : i64}" if kind else "")
+        out |= {f"{tag}_{k}": v for k, v in access.items()}
+        out |= {f"{tag}_IN_WORKGROUP": decl if kind else "", f"{tag}_IN_PRIVATE": "" if kind else decl}
+    return out
 
 
 def values_for(opts: Options) -> dict[str, str]:

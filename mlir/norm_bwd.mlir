@@ -26,8 +26,11 @@
 // second pass reads them again, mostly from L2. DW_REGS: the dw sums live in registers for the
 // whole persistent loop; otherwise they accumulate in the block's own partial row in global
 // memory (read-modify-write per row, L2-resident). db's sums (HAS_BIAS) sit beside dw's, or with
-// the layout's db_smem in static shared memory (DB_MEMREF, indexed DB_AT: each thread its own
-// K x V slots, which no other thread reads, so no barrier), freeing K x V registers.
+// the layout's db_smem in static shared memory (each thread its own K x V slots, which no other
+// thread reads, so no barrier), freeing K x V registers: at [k][tid] (1), or in 16-byte quarters
+// at [k][quarter][tid] (2; 3: dw's too; common/slots_split.mlir). DB_GET reads a chunk's sums and
+// `DB_PUT value, DB_PUT_TO` writes them (a vector.load / vector.store, or the quarters' get and
+// put); DW_* the same for dw's.
 // L2_PREFETCH: pass 1 also asks L2 for the same chunks of x and dy of the block's next row.
 // STAGE: x and dy come through shared memory: while a row is reduced and written, each thread's
 // chunks of the next row are already being copied (cp.async) into the other of two buffers, and
@@ -39,9 +42,9 @@
 //
 // Placeholders: those of norm_fwd.mlir (with XT, dx's type; RT here is dresidual's; BWD_ACC for
 // FWD_ACC), plus
-// HAS_DRES_OUT, STORE_DRES, DW_REGS, DB_MEMREF, DB_AT, DB_IN_WORKGROUP / DB_IN_PRIVATE (db's
-// sums declared in one attribution list or the other), ATOMIC_DW, PART_ALIGN, L2_PREFETCH, OVERLAP, OVERLAP_K,
-// STAGE, STAGE_BLOCK_BYTES, LATE_EXT_T_PIECE / LATE_EXT_YT_PIECE (pass 2's casts of x and dy),
+// HAS_DRES_OUT, STORE_DRES, DW_REGS, DB_GET, DB_PUT, DB_PUT_TO, DB_IN_WORKGROUP / DB_IN_PRIVATE
+// (db's sums declared in one attribution list or the other), the same DW_*, SLOT_Q, SLOT_H,
+// ATOMIC_DW, PART_ALIGN, L2_PREFETCH, OVERLAP, OVERLAP_K, STAGE, STAGE_BLOCK_BYTES, LATE_EXT_T_PIECE / LATE_EXT_YT_PIECE (pass 2's casts of x and dy),
 // the target's atomics (ATOMIC_SCOPE, ATOMIC_ATTRS), and its pieces for the L2 prefetch (PREFETCH_PIECE) and
 // staging (STAGE_PIECE).
 // Tensors: x, w, dy, rstd and mean (fp32 per row), dres_out (d_residual_out), dx, dres, dw_part and
@@ -54,6 +57,8 @@ gpu.module @normir [${TARGET}] {
 // normir:splice ${STATS_PIECE}
 // normir:splice ${RSQRT_PIECE}
 // normir:splice common/atomic_add.mlir
+// normir:splice common/slots_split.mlir NAME=db
+// normir:splice common/slots_split.mlir NAME=dw
 // normir:splice ${LATE_EXT_T_PIECE} TENSOR=x TYPE=${T} EXT=${EXT_T}
 // normir:splice ${LATE_EXT_YT_PIECE} TENSOR=dy TYPE=${YT} EXT=${EXT_YT}
 // normir:splice ${CLUSTER_PIECE}
@@ -68,10 +73,9 @@ gpu.module @normir [${TARGET}] {
 
   gpu.func @${ENTRY}(
       ${ARGS})
-      workgroup(%red: memref<${NR}x${WPR}xf32, #gpu.address_space<workgroup>>${DB_IN_WORKGROUP})
+      workgroup(%red: memref<${NR}x${WPR}xf32, #gpu.address_space<workgroup>>${DB_IN_WORKGROUP}${DW_IN_WORKGROUP})
       private(%xbuf: memref<${K}x${V}x${T}, #gpu.address_space<private>>,
-              %dybuf: memref<${K}x${V}x${YT}, #gpu.address_space<private>>,
-              %dwbuf: memref<${K}x${V}xf32, #gpu.address_space<private>>${DB_IN_PRIVATE})
+              %dybuf: memref<${K}x${V}x${YT}, #gpu.address_space<private>>${DW_IN_PRIVATE}${DB_IN_PRIVATE})
       kernel attributes {known_block_size = array<i32: ${BLOCK}, 1, 1>${KERNEL_ATTRS}} {
 ${ABSENT}
     %c0 = arith.constant 0 : index
@@ -141,9 +145,9 @@ ${ABSENT}
     // Zeroed dw (and db) sums, once per block.
     affine.for %k = 0 to ${K} {
       scf.if %dw_regs {
-        vector.store %zero_v, %dwbuf[%k, %c0] : memref<${K}x${V}xf32, #gpu.address_space<private>>, vector<${V}xf32>
+        ${DW_PUT} %zero_v, ${DW_PUT_TO}
         scf.if %has_bias {
-          vector.store %zero_v, %dbbuf[${DB_AT}] : ${DB_MEMREF}, vector<${V}xf32>
+          ${DB_PUT} %zero_v, ${DB_PUT_TO}
         }
       }
     }
@@ -335,10 +339,10 @@ ${ABSENT}
         }
         scf.if %has_weight {
           scf.if %dw_regs {
-            %s = vector.load %dwbuf[%k, %c0] : memref<${K}x${V}xf32, #gpu.address_space<private>>, vector<${V}xf32>
+            %s = ${DW_GET}
             %s2 = func.call @normir_bwd_dw(%s, %xf, %gcol, %mean_v)
                 : (vector<${V}xf32>, vector<${V}xf32>, vector<${V}xf32>, vector<${V}xf32>) -> vector<${V}xf32>
-            vector.store %s2, %dwbuf[%k, %c0] : memref<${K}x${V}xf32, #gpu.address_space<private>>, vector<${V}xf32>
+            ${DW_PUT} %s2, ${DW_PUT_TO}
           } else {
             // dw sums in memory: the slot owns its partial row; the first group initializes it.
             scf.if %live_col {
@@ -357,9 +361,9 @@ ${ABSENT}
         // HAS_BIAS: db += dy, kept like dw (registers, or the slot's partial row).
         scf.if %has_bias {
           scf.if %dw_regs {
-            %s = vector.load %dbbuf[${DB_AT}] : ${DB_MEMREF}, vector<${V}xf32>
+            %s = ${DB_GET}
             %s2 = arith.addf %s, %dyf : vector<${V}xf32>
-            vector.store %s2, %dbbuf[${DB_AT}] : ${DB_MEMREF}, vector<${V}xf32>
+            ${DB_PUT} %s2, ${DB_PUT_TO}
           } else {
             scf.if %live_col {
               %old = scf.if %first_iter -> (vector<${V}xf32>) {
@@ -385,7 +389,7 @@ ${ABSENT}
         // normir:splice common/chunk.mlir LIVE=live_col
         scf.if %live_col {
           scf.if %has_weight {
-            %s = vector.load %dwbuf[%k, %c0] : memref<${K}x${V}xf32, #gpu.address_space<private>>, vector<${V}xf32>
+            %s = ${DW_GET}
             scf.if %atomic_dw {
               func.call @normir_atomic_add_vec(%dw_part_arg, %col, %s) : (memref<${N}xf32>, index, vector<${V}xf32>) -> ()
             } else {
@@ -393,7 +397,7 @@ ${ABSENT}
             }
           }
           scf.if %has_bias {
-            %sb = vector.load %dbbuf[${DB_AT}] : ${DB_MEMREF}, vector<${V}xf32>
+            %sb = ${DB_GET}
             scf.if %atomic_dw {
               func.call @normir_atomic_add_vec(%db_part_arg, %col, %sb) : (memref<${N}xf32>, index, vector<${V}xf32>) -> ()
             } else {

@@ -19,16 +19,20 @@ import os
 import sys
 
 VARIANTS = {  # (op, N, dtype): layouts to compare, as NORMIR_TPR values ("0": the policy's)
-    # v78 (v75 to v77: docs/results/2026-12-01r-h200.md; kept: layout._db_smem; dw's sums in
-    # shared memory too lost 4-12% where it added blocks, v77, and was removed). LayerNorm's
-    # backward at 16384 over 8 blocks of 128, held: +1% (v74), +2.4% (v75), +1.6% (v76).
-    ("ln_bwd", 16384, "bf16"): ("0", "128x8r1"),
-    # The forwards at 32768 (LayerNorm's 81% of copy, the fused add's 78.5%, behind
-    # torch.compile's 3906 GB/s) held over clusters of 2 and 4 blocks against the streamed
-    # 1024 x 4 (RMSNorm over 2 blocks: -1%, v41); 4 blocks capped for 4 a multiprocessor as
-    # RMSNorm's 65536.
-    ("ln_fwd", 32768, "bf16"): ("0", "512x2", "1024x2", "256x4", "256x4m4"),
-    ("add_ln_fwd", 32768, "bf16"): ("0", "512x2", "1024x2", "256x4", "256x4m4"),
+    # v79 (v75 to v78: docs/results/2026-12-01r-h200.md). db's slots in 16-byte quarters, no
+    # bank conflict (d2), and dw's too (d3; v77's dw slots at [k][tid][V] lost 4-12%). ptxas
+    # (bf16, bias, sm_90): d3 80 registers at 2048 (78), 4096 (6 blocks of 128 against 5),
+    # 8192-32768 (3 blocks of 256 against 2), 95 at 2880; d2 96 unspilled at 1024 m10 (the
+    # policy's d1), 124 at 8192 (108 with d1) and 16 bytes of spill at 4096 m5. The fused add's
+    # d3: 90 at 2048, 8 bytes of spill at 32768.
+    ("ln_bwd", 1024, "bf16"): ("0", "64m10d2"),
+    ("ln_bwd", 2048, "bf16"): ("0", "128d3"),
+    ("ln_bwd", 2880, "bf16"): ("0", "96x2d3"),
+    ("ln_bwd", 4096, "bf16"): ("0", "128d3"),
+    ("ln_bwd", 8192, "bf16"): ("0", "256x2d3"),
+    ("ln_bwd", 16384, "bf16"): ("0", "256x4d3", "128x8r1"),
+    ("ln_bwd", 32768, "bf16"): ("0", "256x8d3"),
+    ("add_ln_bwd", 2048, "bf16"): ("0", "128d3"),
 }
 KERNEL = {"fwd": "rmsnorm_fwd", "bwd": "rmsnorm_bwd", "add_fwd": "fused_add_rmsnorm_fwd",
           "add_bwd": "fused_add_rmsnorm_bwd", "ln_fwd": "layernorm_fwd", "ln_bwd": "layernorm_bwd",

@@ -291,9 +291,12 @@ def layer_bwd(n, x, r=None, w="", b=None, s=None, o=None, **kw) -> list[dict]:
 # LayerNorm's backward with db's sums in shared memory, forced on layouts the policy does not give
 # it (the policy's own: 1024, 2048, 4096 plain; 2880, 4096 fused, in FWD_N and LN_FUSED_N):
 # test_db_sums_in_shared_memory runs each, scripts/sanitize.py those of SANITIZE_LN's N.
+# db_smem 2 and 3: the slots in 16-byte quarters (db's; dw's too), 16384's in the sanitizer.
 DB_SMEM_CASES = ((1024, dict(tpr=64, db_smem=1)), (2880, dict(tpr=96, cluster=2, cache_row=1, db_smem=1)),
                  (4096, dict(tpr=128, db_smem=1)), (4096, dict(tpr=256, cache_row=0, db_smem=1)),
-                 (8192, dict(tpr=256, cluster=2, db_smem=1)), (32768, dict(tpr=256, cluster=8, db_smem=1)))
+                 (8192, dict(tpr=256, cluster=2, db_smem=1)), (32768, dict(tpr=256, cluster=8, db_smem=1)),
+                 (1024, dict(tpr=64, db_smem=2)), (4096, dict(tpr=128, db_smem=3)),
+                 (16384, dict(tpr=256, cluster=4, db_smem=3)))
 
 
 def _forced_bwd(specs: list[dict], knobs: dict) -> list[dict]:

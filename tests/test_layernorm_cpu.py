@@ -144,24 +144,34 @@ def test_backward_holds_its_rows_where_rmsnorm_rereads_them(n):
 
 def test_db_sums_in_shared_memory_knob(monkeypatch):
     # Forced: the backward's db sums move to K x BLOCK x V fp32 of workgroup memory, aligned for
-    # 16-byte accesses; without a bias there is nothing to move; a forward refuses it.
+    # 16-byte accesses, at [k][tid] (1) or in 16-byte quarters at [k][quarter][tid] (2; 3: dw's
+    # too, or db's alone without a weight); without a bias there is nothing to move; a forward
+    # refuses it.
     from normir.launch import tpr_overrides
     from normir.specialize import values_for
 
-    lay = Options(kernel="layernorm_bwd", n=8192, bdtype="f32", db_smem=1).layout
-    assert lay.db_smem and not Options(kernel="layernorm_bwd", n=8192, bdtype="f32").layout.db_smem
+    bwd = dict(kernel="layernorm_bwd", n=8192, bdtype="f32")
+    lay = Options(**bwd, db_smem=1).layout
+    assert lay.db_smem == 1 and not Options(**bwd).layout.db_smem
     assert not Options(kernel="layernorm_bwd", n=4096, bdtype="f32", db_smem=0).layout.db_smem
-    v = values_for(Options(kernel="layernorm_bwd", n=8192, bdtype="f32", db_smem=1))
-    assert v["DB_MEMREF"] == f"memref<{lay.k}x{lay.block}x{lay.vec}xf32, #gpu.address_space<workgroup>>"
+    shared = f"memref<{lay.k}x{lay.block}x{lay.vec}xf32, #gpu.address_space<workgroup>>"
+    v = values_for(Options(**bwd, db_smem=1))
+    assert v["DB_GET"] == f"vector.load %dbbuf[%k, %tid, %c0] : {shared}, vector<{lay.vec}xf32>"
     assert "llvm.align = 16" in v["DB_IN_WORKGROUP"] and v["DB_IN_PRIVATE"] == ""
+    assert v["DW_PUT"] == "vector.store" and "%dwbuf[%k, %c0]" in v["DW_PUT_TO"] and v["DW_IN_WORKGROUP"] == ""
+    quarters = f"memref<{lay.k}x2x{lay.block}x4xf32, #gpu.address_space<workgroup>>"
+    v = values_for(Options(**bwd, db_smem=3))
+    assert v["DB_GET"].startswith("func.call @normir_db_get(%dbbuf, %k, %tid)") and quarters in v["DB_GET"]
+    assert v["DW_PUT"] == "func.call @normir_dw_put(" and quarters in v["DW_IN_WORKGROUP"]
+    assert Options(**bwd, db_smem=3, has_weight=False).layout.db_smem == 2  # no dw sums to move
     assert not Options(kernel="layernorm_bwd", n=4096, db_smem=1).layout.db_smem
     with pytest.raises(ValueError, match=r"db_smem=1 needs a backward"):
         Options(kernel="layernorm_fwd", n=4096, db_smem=1)
-    with pytest.raises(ValueError, match=r"db_smem=2: choose 1"):
-        Options(kernel="layernorm_bwd", n=4096, db_smem=2)
-    monkeypatch.setenv("NORMIR_TPR", "layernorm_bwd:4096=128m5d1")
-    over = tpr_overrides()[("layernorm_bwd", 4096)]
-    assert (over["tpr"], over["min_blocks"], over["db_smem"]) == (128, 5, 1)
+    with pytest.raises(ValueError, match=r"db_smem=4: choose 1"):
+        Options(kernel="layernorm_bwd", n=4096, db_smem=4)
+    monkeypatch.setenv("NORMIR_TPR", "layernorm_bwd:4096=128m5d1,layernorm_bwd:8192=256x2d3")
+    over = tpr_overrides()
+    assert (over[("layernorm_bwd", 4096)]["min_blocks"], over[("layernorm_bwd", 8192)]["db_smem"]) == (5, 3)
 
 
 @pytest.mark.parametrize(("n", "dres", "blocks"), [(1024, False, 10), (2048, False, 5), (4096, False, 5),

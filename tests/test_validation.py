@@ -275,7 +275,7 @@ def test_tpr_overrides(monkeypatch):
     for bad in ("rmsnorm_fwd=512", "rmsnorm_fwd:65536", "rmsnorm_fwd:big=512", "a:1=2=3", "a:1=2x", "a:1=x2x2",
                 "a:1=2p2", "a:1=2p", "a:1=2s1p1", "a:1=2m", "a:1=2m2s1", "a:1=2h", "a:1=2h1m2", "a:1=2v", "a:1=2v4h1",
                 "a:1=2o", "a:1=2o1v4", "a:1=2r", "a:1=2r2", "a:1=2r1o1", "a:1=2a1",
-                "a:1=2b", "a:1=2b2", "a:1=2b1r1", "a:1=2d", "a:1=2d2", "a:1=2d1b1"):
+                "a:1=2b", "a:1=2b2", "a:1=2b1r1", "a:1=2d", "a:1=2d4", "a:1=2d1b1"):
         monkeypatch.setenv("NORMIR_TPR", f"rmsnorm_bwd:16384=256,{bad}")
         with pytest.raises(ValueError, match=rf"^NORMIR_TPR item {bad!r} is not KERNEL:N=TPR\[xCLUSTER\]"):
             launch.tpr_overrides()
