@@ -104,14 +104,20 @@ def train(model, device: str) -> list[float]:
 
 
 def training_step(model, device: str, compiled: bool, mode: str = "default") -> Callable[[], None]:
-    """A training step's forward and backward (gradients accumulate: no optimizer), warmed up and,
-    when compiled, compiled in torch.compile's `mode`."""
+    """A training step's forward and backward (gradients accumulate: no optimizer; under CUDA
+    graphs, reduce-overhead, they are dropped each step instead), warmed up and, when compiled,
+    compiled in torch.compile's `mode`."""
     fn = torch.compile(model, mode=mode) if compiled else model
     ids, labels = batch(device, 7)
 
+    graphs = compiled and mode == "reduce-overhead"
+
     def step() -> None:
-        if compiled and mode == "reduce-overhead":
-            torch.compiler.cudagraph_mark_step_begin()  # the last step's graph outputs may be reused
+        if graphs:
+            # CUDA graph trees reuse the last step's outputs, gradients included: accumulating
+            # into .grad buffers a backward graph wrote fails on the next replay (pytorch#169545).
+            torch.compiler.cudagraph_mark_step_begin()
+            model.zero_grad(set_to_none=True)
         fn(input_ids=ids, labels=labels).loss.backward()
 
     for _ in range(3):
