@@ -9,7 +9,8 @@ residual in x's type, d_residual_out given) side by side on one GPU.
 
 Each variant is a NORMIR_TPR setting; 0 is the layout policy's own choice. For the backward the
 policy's layout is also timed without a weight (no dw sums, no reduction kernel; LayerNorm's also
-without a bias: no db sums), which shows what the column sums cost.
+without a bias: no db sums), which shows what the column sums cost; LayerNorm's forward without a
+weight and a bias, which shows what reading them costs.
 """
 
 from __future__ import annotations
@@ -33,6 +34,11 @@ VARIANTS = {  # (op, N, dtype): layouts to compare, as NORMIR_TPR values ("0": t
     ("ln_bwd", 16384, "bf16"): ("0", "256x4d3", "128x8r1"),
     ("ln_bwd", 32768, "bf16"): ("0", "256x8d3"),
     ("add_ln_bwd", 2048, "bf16"): ("0", "128d3"),
+    # LayerNorm's forward at 32768 and 65536 (81-84% of copy) with and without w and b ("no-wb"):
+    # a row re-reads both from L2, as many bytes as its own x and y (RMSNorm's w: half). If
+    # that is the gap, keep them across rows (a persistent grid, w and b in shared memory).
+    ("ln_fwd", 32768, "bf16"): ("0",),
+    ("ln_fwd", 65536, "bf16"): ("0",),
 }
 KERNEL = {"fwd": "rmsnorm_fwd", "bwd": "rmsnorm_bwd", "add_fwd": "fused_add_rmsnorm_fwd",
           "add_bwd": "fused_add_rmsnorm_bwd", "ln_fwd": "layernorm_fwd", "ln_bwd": "layernorm_bwd",
@@ -102,8 +108,9 @@ def _ln_plan(op: str, n: int, dt: str, vec: int, knobs: dict) -> list[dict]:
     fwd = dict(kernel="layernorm_fwd", n=n, dtype=dt, wdtype=dt, eps=LN_EPS, target="sm_90", vec=vec, bdtype=dt)
     if op == "add_ln_fwd":  # the residual in x's type, residual_out stored, no statistics
         return [{**fwd, **knobs, "rdtype": dt, "sdtype": dt, "store_residual": True, "store_rstd": False}]
-    if op == "ln_fwd":
-        return [{**fwd, **knobs, "store_rstd": False}, {**fwd, **knobs, "store_rstd": True}]
+    if op == "ln_fwd":  # also without a weight and a bias (what reading them costs)
+        return [{**fwd, **knobs, "store_rstd": False}, {**fwd, **knobs, "store_rstd": True},
+                {**fwd, **knobs, "store_rstd": False, "has_weight": False, "bdtype": ""}]
     bwd = dict(kernel="layernorm_bwd", n=n, dtype=dt, wdtype=dt, eps=BWD_KEY_EPS, target="sm_90", vec=vec,
                bdtype="f32", **knobs)
     if op == "add_ln_bwd":  # d_residual_out read; the forward stores residual_out and the statistics
@@ -142,7 +149,8 @@ def _outputs(normir, op: str, x, w, dy, bias) -> tuple:
 def _timed(normir, op: str, x, w, dy, bias) -> dict:
     """The calls to time for one placement: {tag: fn}."""
     if op == "ln_fwd":
-        return {"": lambda: normir.layernorm_fwd(x, w, bias, LN_EPS)}
+        return {"": lambda: normir.layernorm_fwd(x, w, bias, LN_EPS),
+                "no-wb": lambda: normir.layernorm_fwd(x, None, None, LN_EPS)}
     if op == "add_ln_fwd":
         return {"": lambda: normir.fused_add_layernorm_fwd(x, dy, w, bias, LN_EPS)}
     if op == "ln_bwd":
