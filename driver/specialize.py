@@ -163,9 +163,7 @@ def common_values(opts: Options) -> dict[str, str]:
         "W_ALIGN": str(min(MAX_VECTOR_BYTES, lay.vec * wb)),
         "PART_ALIGN": str(min(MAX_VECTOR_BYTES, lay.vec * 4)),
         "DW_REGS": _bool(lay.dw_regs),
-        # db's column sums: K x V private registers, or with DB_SMEM K x BLOCK x V workgroup slots
-        # (each thread its own, indexed by the thread id).
-        **_slot_values(lay),
+        **_slot_values(lay),  # the column sums' slots: registers or shared memory (_slot_values)
         "OVERLAP": _bool(lay.overlap > 0),
         "OVERLAP_K": str(lay.overlap),
         "BLOCK": str(lay.block),
@@ -208,7 +206,8 @@ LAYOUT_VALUES = {
     "KERNEL_ATTRS": "--min-blocks", "ROWS": "", "BLOCK": "", "K": "", "KFULL": "", "NCHUNK": "", "NSUB": "",
     "WPR": "", "MULTI_WARP": "", "SHUFFLE_STEPS": "", "WARP_STEPS": "", "WPR_P2": "", "EQUAL_COUNTS": "",
     "PAIR_FIRST": "", "DW_REGS": "", "PREFETCH_W": "", "SLOT_Q": "--db-smem", "SLOT_H": "--db-smem",
-    **{f"{t}_{k}": "--db-smem" for t in ("DB", "DW") for k in ("GET", "PUT", "PUT_TO", "IN_WORKGROUP", "IN_PRIVATE")},
+    **{f"{t}_{k}": "--db-smem" for t in ("DB", "DW")
+       for k in ("GET", "PUT", "PUT_TO", "IN_WORKGROUP", "IN_PRIVATE", "SLOTS_PIECE")},
     "RED_REUSED": "", "COL_THREADS": "", "ROW_THREADS": "", "ARGS": "", "ABSENT": "",
 }
 # The placeholders each user-given option of `normir compile` fills: an option the text does not use
@@ -240,6 +239,7 @@ def _slot_values(lay: Layout) -> dict[str, str]:
         # 16-byte accesses: the workgroup buffer's alignment must say so (its element's is 4).
         decl = f",\n              {buf}: {memref}" + (" {llvm.align = 16 : i64}" if kind else "")
         out |= {f"{tag}_{k}": v for k, v in access.items()}
+        out[f"{tag}_SLOTS_PIECE"] = "common/slots_split.mlir" if kind >= 2 else "common/slots_none.mlir"
         out |= {f"{tag}_IN_WORKGROUP": decl if kind else "", f"{tag}_IN_PRIVATE": "" if kind else decl}
     return out
 

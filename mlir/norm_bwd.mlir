@@ -43,10 +43,11 @@
 // Placeholders: those of norm_fwd.mlir (with XT, dx's type; RT here is dresidual's; BWD_ACC for
 // FWD_ACC), plus
 // HAS_DRES_OUT, STORE_DRES, DW_REGS, DB_GET, DB_PUT, DB_PUT_TO, DB_IN_WORKGROUP / DB_IN_PRIVATE
-// (db's sums declared in one attribution list or the other), the same DW_*, SLOT_Q, SLOT_H,
-// ATOMIC_DW, PART_ALIGN, L2_PREFETCH, OVERLAP, OVERLAP_K, STAGE, STAGE_BLOCK_BYTES, LATE_EXT_T_PIECE / LATE_EXT_YT_PIECE (pass 2's casts of x and dy),
-// the target's atomics (ATOMIC_SCOPE, ATOMIC_ATTRS), and its pieces for the L2 prefetch (PREFETCH_PIECE) and
-// staging (STAGE_PIECE).
+// (db's sums declared in one attribution list or the other), the same DW_*, DB_SLOTS_PIECE /
+// DW_SLOTS_PIECE (the quarters' get and put, or none), SLOT_Q, SLOT_H, ATOMIC_DW, PART_ALIGN,
+// L2_PREFETCH, OVERLAP, OVERLAP_K, STAGE, STAGE_BLOCK_BYTES, LATE_EXT_T_PIECE / LATE_EXT_YT_PIECE
+// (pass 2's casts of x and dy), the target's atomics (ATOMIC_SCOPE, ATOMIC_ATTRS), and its pieces
+// for the L2 prefetch (PREFETCH_PIECE) and staging (STAGE_PIECE).
 // Tensors: x, w, dy, rstd and mean (fp32 per row), dres_out (d_residual_out), dx, dres, dw_part and
 // db_part (fp32 partial rows); scalars: rows, the row strides of x, dy, dres_out, dx and dres
 // (elements), and the grid size.
@@ -57,8 +58,8 @@ gpu.module @normir [${TARGET}] {
 // normir:splice ${STATS_PIECE}
 // normir:splice ${RSQRT_PIECE}
 // normir:splice common/atomic_add.mlir
-// normir:splice common/slots_split.mlir NAME=db
-// normir:splice common/slots_split.mlir NAME=dw
+// normir:splice ${DB_SLOTS_PIECE} NAME=db
+// normir:splice ${DW_SLOTS_PIECE} NAME=dw
 // normir:splice ${LATE_EXT_T_PIECE} TENSOR=x TYPE=${T} EXT=${EXT_T}
 // normir:splice ${LATE_EXT_YT_PIECE} TENSOR=dy TYPE=${YT} EXT=${EXT_YT}
 // normir:splice ${CLUSTER_PIECE}

@@ -163,6 +163,8 @@ def test_db_sums_in_shared_memory_knob(monkeypatch):
     v = values_for(Options(**bwd, db_smem=3))
     assert v["DB_GET"].startswith("func.call @normir_db_get(%dbbuf, %k, %tid)") and quarters in v["DB_GET"]
     assert v["DW_PUT"] == "func.call @normir_dw_put(" and quarters in v["DW_IN_WORKGROUP"]
+    assert v["DB_SLOTS_PIECE"] == v["DW_SLOTS_PIECE"] == "common/slots_split.mlir"
+    assert values_for(Options(**bwd, db_smem=1))["DB_SLOTS_PIECE"] == "common/slots_none.mlir"
     assert Options(**bwd, db_smem=3, has_weight=False).layout.db_smem == 2  # no dw sums to move
     assert not Options(kernel="layernorm_bwd", n=4096, db_smem=1).layout.db_smem
     with pytest.raises(ValueError, match=r"db_smem=1 needs a backward"):

@@ -3,7 +3,7 @@
   // thread reads (no barrier). A warp's 16-byte accesses of one quarter are consecutive and hit
   // every bank once; the [k][tid][V] slots of DB_SMEM 1 hit each twice at V = 8. SLOT_Q fp32 a
   // quarter, SLOT_H quarters a chunk; the element loops unroll into register moves (1-D vectors
-  // only: n-D ones do not lower here). Spliced always; unused unless the layout says so.
+  // only: n-D ones do not lower here).
   func.func private @normir_${NAME}_get(%buf: memref<${K}x${SLOT_H}x${BLOCK}x${SLOT_Q}xf32, #gpu.address_space<workgroup>>,
       %k: index, %tid: index) -> vector<${V}xf32> attributes {llvm.linkage = #llvm.linkage<internal>} {
     %c0 = arith.constant 0 : index
