@@ -38,6 +38,7 @@ MAX_DB_SMEM_BYTES = 40 * 1024  # db's slots in static shared memory (48 KB at mo
 # rows held in registers (or read again with a masked chunk), rows read again; the register file's
 # quadrants (a warp's registers come from one: 4 x 16384 on sm_90).
 DB_SMEM_REGS_HELD, DB_SMEM_REGS_READ = 96, 80
+DB_SMEM_REGS_BOTH = 80  # rows held, dw's sums in shared memory too (ptxas: 80 at 2048-32768, bf16)
 REG_QUADRANTS = 4
 BWD_SUMS_REGS = 128  # a 16-bit backward with its column sums in registers (ptxas: 111-152 at 1024-8192)
 # Persistent kernels stage by default only where two blocks' buffers fit a multiprocessor: at
@@ -236,12 +237,19 @@ def _db_smem(opts: Options, lay: Layout, tgt: targets.Target, work: RowWork, per
       spilled 8 bytes, so 96), 4096 as 256 x 3 blocks 3824 against 3609-3612. Over a cluster
       (7168, 8192, 32768) it lost 3-5%, capped or not.
 
-    Only where the column sums take BWD_SPLIT_DW registers a thread or more (16-bit rows): f32
-    rows of 2 chunks keep 64-72 registers without it.
+    - dw's sums there too (3), the slots in 16-byte quarters that no warp access finds in
+      conflict, where 1 is not taken and this adds blocks (DB_SMEM_REGS_BOTH): LayerNorm's
+      backward over a cluster, 3 blocks of 256 against 2: 8192 3684-3707 against 3480-3505,
+      16384 3479-3487 against 3263-3272, 32768 3216 against 3172-3180 (*tune-v80*); the fused
+      add's rows of up to 256 chunks, 1024 3713-3720 against 3636-3702, 2048 3843-3858 against
+      3719-3721. Where 1 adds blocks, 3 tied or lost (1024: 3705-3707 against 3743-3748);
+    - the fused add's rows read again over a cluster are held instead, with both sums moved, 3
+      blocks of 256 against 2: 8192 3771-3791 against 3569-3596, 16384 3655 against 3388-3392
+      (*tune-v80*), though ptxas spills 16 bytes at that cap (tests/test_sm90_spill.py).
 
-    Forced only, not yet measured: the slots in 16-byte quarters, which no warp access finds in
-    conflict (2), and dw's sums there too (3; without a weight, 2). dw's slots at [k][tid]
-    lost 4-12% where they added blocks (*tune-v77*)."""
+    Only where the column sums take BWD_SPLIT_DW registers a thread or more (16-bit rows): f32
+    rows of 2 chunks keep 64-72 registers without it. Without a weight, 3 is 2 (db's alone in
+    quarters). dw's slots at [k][tid] lost 4-12% where they added blocks (*tune-v77*)."""
     if opts.db_smem == 0 or (persistent and not opts.bdtype):  # without a bias there are no db sums to move
         return lay
     moved = 2 if opts.db_smem == 3 and opts.has_weight else 1  # dw's sums move too at 3
@@ -262,17 +270,27 @@ def _db_smem(opts: Options, lay: Layout, tgt: targets.Target, work: RowWork, per
     # Held rows over a cluster spilled at the cap in 3 warps (3072: 64 bytes) and beside an fp32
     # weight (4096: 8 bytes; tests/test_sm90_spill.py): whole powers of two, w no wider than x.
     cluster_ok = lay.wpr & (lay.wpr - 1) == 0 and DTYPES[opts.wdtype] <= DTYPES[opts.dtype]
+    choices = []  # (rows held, db_smem, registers a thread), in order of preference
     if lay.cache_row and full and not opts.has_dres_out and lay.block <= BWD_WIDE_WARPS * lay.warp \
             and (lay.cluster == 1 or cluster_ok):
-        regs = DB_SMEM_REGS_HELD
+        choices.append((True, 1, DB_SMEM_REGS_HELD))
     elif not lay.cache_row and lay.cluster == 1:
-        regs = DB_SMEM_REGS_READ if full else DB_SMEM_REGS_HELD
-    else:
-        return lay
-    blocks = _resident(tgt, lay, regs)
-    if blocks <= _resident(tgt, lay, BWD_SUMS_REGS):
+        choices.append((False, 1, DB_SMEM_REGS_READ if full else DB_SMEM_REGS_HELD))
+    # Both sums at the cap spilled in blocks of several rows (256, 512) and, as above, over a
+    # cluster of 3, 6 or 7 warps or beside a wider w (tests/test_sm90_spill.py).
+    both = full and lay.rows == 1 and (lay.cluster == 1 or cluster_ok) and 2 * need <= MAX_DB_SMEM_BYTES
+    if both and lay.cache_row:
+        choices.append((True, 3, DB_SMEM_REGS_BOTH))
+    elif both and lay.cluster > 1 and opts.has_dres_out and opts.cache_row == -1:
+        choices.append((True, 3, DB_SMEM_REGS_BOTH))
+    gains = [c for c in choices if _resident(tgt, lay, c[2]) > _resident(tgt, lay, BWD_SUMS_REGS)]
+    if not gains:
         return lay  # no block gained over the sums in registers (224 or 256 threads with a masked chunk)
-    return replace(lay, db_smem=1, min_blocks=lay.min_blocks or blocks)
+    held, db_smem, regs = gains[0]
+    if held and not lay.cache_row:  # the hints of rows held (_hint_policy), unless forced
+        lay = replace(lay, cache_row=True, hints=_hint_policy(replace(lay, cache_row=True), True, opts.has_weight)
+                      if opts.hints == -1 else lay.hints)
+    return replace(lay, db_smem=db_smem, min_blocks=lay.min_blocks or _resident(tgt, lay, regs))
 
 
 def _resident(tgt: targets.Target, lay: Layout, regs: int) -> int:

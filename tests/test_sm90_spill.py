@@ -4,7 +4,8 @@ A cap (min_blocks, NVVM's .minctasm) that the kernel's live values do not fit ma
 them to local memory, which cost 20-50% on the H200 (*tune-v74*). The policy caps LayerNorm's
 backward where db's column sums move to shared memory (layout._db_smem); each distinct layout
 it caps that way is compiled here (bf16 with the weight in bf16 and in fp32, f16), and ptxas must
-report no spill. Skipped where ptxas is absent."""
+report no spill, but for one measured exception (HELD_OVER_CLUSTER_SPILL). Skipped where ptxas is
+absent."""
 
 from __future__ import annotations
 
@@ -19,15 +20,18 @@ from normir.options import Options
 pytestmark = pytest.mark.cpu
 
 PTXAS = targets.ptxas_path()
+# The fused add's rows held over a cluster with both column sums in shared memory, 3 blocks of 256:
+# ptxas spills 16 bytes at that cap, and still +5.5-7.8% over 2 blocks unspilled (*tune-v80*).
+HELD_OVER_CLUSTER_SPILL = 16
 
 
 def _capped_layouts() -> list[tuple[int, bool]]:
-    """(N, d_residual_out) of one N per distinct capped layout, 16-bit rows up to 8192."""
+    """(N, d_residual_out) of one N per distinct capped layout, 16-bit rows up to 32768."""
     seen, out = set(), []
     for dres in (False, True):
-        for n in range(256, 8193, 32):
+        for n in range(256, 32769, 32):
             lay = Options(kernel="layernorm_bwd", n=n, bdtype="f32", has_dres_out=dres).layout
-            shape = (dres, lay.tpr, lay.cluster, lay.k, lay.kfull, lay.cache_row, lay.min_blocks)
+            shape = (dres, lay.tpr, lay.cluster, lay.k, lay.kfull, lay.cache_row, lay.db_smem, lay.min_blocks)
             if lay.db_smem and lay.min_blocks and shape not in seen:
                 seen.add(shape)
                 out.append((n, dres))
@@ -54,6 +58,7 @@ def test_capped_layouts_do_not_spill(n, dres, dtype, wdtype, tmp_path):
     spills = [int(s) for s in re.findall(r"(\d+) bytes spill (?:stores|loads)", run.stderr)]
     regs = re.search(r"Used (\d+) registers", run.stderr)
     lay = opts.layout
-    assert regs and spills and not any(spills), (
+    allowed = HELD_OVER_CLUSTER_SPILL if dres and lay.cache_row and lay.cluster > 1 else 0
+    assert regs and spills and max(spills) <= allowed, (
         f"layernorm_bwd N={n} {dtype} w {wdtype}{' d_residual_out' if dres else ''}: {run.stderr.strip()} "
         f"(layout {lay.tpr} x {lay.cluster}, k={lay.k}, min_blocks={lay.min_blocks})")
