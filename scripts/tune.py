@@ -20,24 +20,14 @@ import os
 import sys
 
 VARIANTS = {  # (op, N, dtype): layouts to compare, as NORMIR_TPR values ("0": the policy's)
-    # v80 (v79: docs/results/2026-12-02a-h200.md). The policy now moves dw's sums to shared
-    # memory too (d3, 80 registers) where that adds resident blocks over d1 or registers; against
-    # the policy's before (v79: +5% at 8192 and 16384, +4.4% for the fused add at 2048).
-    ("ln_bwd", 1024, "bf16"): ("0", "64m10d1"),
-    ("ln_bwd", 2048, "bf16"): ("0", "128m5d1"),
-    ("ln_bwd", 4096, "bf16"): ("0", "128x2m5d1"),
-    ("ln_bwd", 8192, "bf16"): ("0", "256x2d0"),
-    ("ln_bwd", 16384, "bf16"): ("0", "256x4d0"),
-    ("ln_bwd", 32768, "bf16"): ("0", "256x8d0"),
-    ("add_ln_bwd", 1024, "bf16"): ("0", "64d0"),
-    ("add_ln_bwd", 2048, "bf16"): ("0", "128d0"),
-    # The fused add's rows held with both sums in shared memory at 3 blocks of 256 (ptxas: 16
-    # bytes of spill; its policy reads the rows again, 2 blocks).
-    ("add_ln_bwd", 8192, "bf16"): ("0", "256x2m3r1d3"),
-    ("add_ln_bwd", 16384, "bf16"): ("0", "256x4m3r1d3"),
-    # LayerNorm's forward at 32768 held in 1024 threads (50 registers) instead of streamed. v79:
-    # without w and b it gains 4.4% at 32768 and 10.5% at 65536.
-    ("ln_fwd", 32768, "bf16"): ("0", "1024r1"),
+    # v81 (v79, v80: docs/results/2026-12-02-h200.md). d3 where the policy cannot take it: 7168
+    # as 128 x 4 (whole powers of two; 224 x 2 spilled with d3), held with a masked chunk, capped
+    # for 6 blocks (ptxas: 80 registers, unspilled; the fused add's 8 bytes) or 5 (92-96); 16384
+    # as 128 x 8 (80 registers; the fused add's 92 uncapped).
+    ("ln_bwd", 7168, "bf16"): ("0", "128x4m6r1d3", "128x4m5r1d3"),
+    ("add_ln_bwd", 7168, "bf16"): ("0", "128x4m6r1d3", "128x4m5r1d3"),
+    ("ln_bwd", 16384, "bf16"): ("0", "128x8d3"),
+    ("add_ln_bwd", 16384, "bf16"): ("0", "128x8r1d3"),
 }
 KERNEL = {"fwd": "rmsnorm_fwd", "bwd": "rmsnorm_bwd", "add_fwd": "fused_add_rmsnorm_fwd",
           "add_bwd": "fused_add_rmsnorm_bwd", "ln_fwd": "layernorm_fwd", "ln_bwd": "layernorm_bwd",

@@ -137,9 +137,10 @@ def test_backward_holds_its_rows_where_rmsnorm_rereads_them(n):
     rms = Options(kernel="rmsnorm_bwd", n=n).layout
     assert (ln.k, ln.cache_row, ln.dw_regs, ln.cluster, rms.cache_row, rms.cluster) == (2, True, True, 2, False, 1)
     assert ln.tpr == rms.tpr // 2 if n < 8192 else ln.tpr == rms.tpr
-    # The fused add's backward (d_residual_out read in pass 2 too) re-reads its rows, as RMSNorm's.
+    # The fused add's backward (d_residual_out read in pass 2 too) re-reads its rows, as RMSNorm's,
+    # but over a cluster (8192), where it holds them with its column sums in shared memory.
     fused = Options(kernel="layernorm_bwd", n=n, bdtype="f32", has_dres_out=True).layout
-    assert (fused.cache_row, fused.tpr) == (False, rms.tpr)
+    assert (fused.cache_row, fused.tpr, fused.db_smem) == (n == 8192, rms.tpr, 3 if n == 8192 else fused.db_smem)
 
 
 def test_db_sums_in_shared_memory_knob(monkeypatch):
@@ -152,7 +153,7 @@ def test_db_sums_in_shared_memory_knob(monkeypatch):
 
     bwd = dict(kernel="layernorm_bwd", n=8192, bdtype="f32")
     lay = Options(**bwd, db_smem=1).layout
-    assert lay.db_smem == 1 and not Options(**bwd).layout.db_smem
+    assert lay.db_smem == 1 and Options(**bwd).layout.db_smem == 3  # the policy's: dw's sums too
     assert not Options(kernel="layernorm_bwd", n=4096, bdtype="f32", db_smem=0).layout.db_smem
     shared = f"memref<{lay.k}x{lay.block}x{lay.vec}xf32, #gpu.address_space<workgroup>>"
     v = values_for(Options(**bwd, db_smem=1))
@@ -176,25 +177,28 @@ def test_db_sums_in_shared_memory_knob(monkeypatch):
     assert (over[("layernorm_bwd", 4096)]["min_blocks"], over[("layernorm_bwd", 8192)]["db_smem"]) == (5, 3)
 
 
-@pytest.mark.parametrize(("n", "dres", "blocks"), [(1024, False, 10), (2048, False, 5), (4096, False, 5),
-                                                     (2880, True, 3), (4096, True, 3)])
-def test_policy_moves_db_sums_where_a_block_is_gained(n, dres, blocks):
+@pytest.mark.parametrize(("n", "dres", "db_smem", "blocks", "held"), [
+    (1024, False, 1, 10, True), (2048, False, 1, 5, True), (4096, False, 1, 5, True), (2880, True, 1, 3, False),
+    (4096, True, 1, 3, False), (8192, False, 3, 3, True), (16384, False, 3, 3, True), (32768, False, 3, 3, True),
+    (1024, True, 3, 12, True), (2048, True, 3, 6, True), (8192, True, 3, 3, True), (32768, True, 3, 3, True)])
+def test_policy_moves_db_sums_where_a_block_is_gained(n, dres, db_smem, blocks, held):
     # The policy's db_smem: 16-bit rows of 2 chunks a thread, with a weight and a bias, whose
-    # freed registers let a cap add resident blocks (96 registers for held rows and rows with a
-    # masked chunk, 80 for rows read again): 4 -> 5 blocks of 128 threads, 2 -> 3 of 192 and 256.
+    # freed registers let a cap add resident blocks: db's sums alone (1; 96 registers for held
+    # rows and rows with a masked chunk, 80 for rows read again) where that adds one, else dw's
+    # too (3, 80 registers), the fused add's rows held over a cluster for it.
     lay = Options(kernel="layernorm_bwd", n=n, bdtype="f32", has_dres_out=dres).layout
-    assert (lay.db_smem, lay.min_blocks, lay.k) == (True, blocks, 2)
-    # Not where no block is gained or the cap spilled (tests/test_sm90_spill.py): over a cluster
-    # of 256 threads (8192), held rows with a masked chunk (2880), over a cluster in 3 warps
-    # (3072), beside an fp32 weight over a cluster (4096); not in fp32 rows (64-72 registers
-    # already), not without a bias or a weight, not on gfx950 (measured on the H200 only).
-    for kw in (dict(n=8192), dict(n=2880), dict(n=3072), dict(n=4096, wdtype="f32"), dict(n=8192, has_dres_out=True),
+    assert (lay.db_smem, lay.min_blocks, lay.k, lay.cache_row) == (db_smem, blocks, 2, held)
+    # Not where no block is gained or the cap spilled (tests/test_sm90_spill.py): held rows with
+    # a masked chunk (2880), over a cluster in 3 or 7 warps (3072, 7168), beside an fp32 weight
+    # over a cluster (4096); not in fp32 rows (64-72 registers already), not without a bias or a
+    # weight, not on gfx950 (measured on the H200 only).
+    for kw in (dict(n=2880), dict(n=3072), dict(n=7168), dict(n=4096, wdtype="f32"), dict(n=7168, has_dres_out=True),
                dict(n=1024, dtype="f32"), dict(n=2048, has_weight=False), dict(n=1024, target="gfx950")):
         other = Options(kernel="layernorm_bwd", **{"bdtype": "f32", **kw}).layout
         assert not other.db_smem and not other.min_blocks, kw
     assert not Options(kernel="layernorm_bwd", n=1024).layout.db_smem  # no bias
     forced = Options(kernel="layernorm_bwd", n=1024, bdtype="f32", min_blocks=8).layout
-    assert (forced.db_smem, forced.min_blocks) == (True, 8)  # a forced cap stays
+    assert (forced.db_smem, forced.min_blocks) == (1, 8)  # a forced cap stays
 
 
 def test_one_read_rows_of_a_masked_chunk_are_held():
