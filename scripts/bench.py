@@ -770,6 +770,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--out", default=".", help="folder for bench.json and bench.png (default: .)")
     ap.add_argument("--quick", action="store_true", help=f"only N in {QUICK_NS}")
+    ap.add_argument("--ns", help="comma list of N (a model's hidden sizes, say); M = 2^27 // N (default: "
+                                 f"{','.join(map(str, FULL_NS))})")
     ap.add_argument("--peers-dir", help="folder added with site.addsitedir before importing the peers")
     ap.add_argument("--ops", default="fwd,bwd",
                     help=f"comma list out of {','.join(OPS)}, and small: the small-M rows alone (fwd runs them "
@@ -780,6 +782,15 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     args = ap.parse_args(argv)
     if args.rounds < 1:
         ap.error(f"--rounds {args.rounds}: give at least 1")
+    if args.ns is not None and args.quick:
+        ap.error("--ns and --quick both choose the N: give one")
+    try:
+        ns = tuple(int(v) for v in (args.ns or "").split(",") if v.strip())
+    except ValueError:
+        ap.error(f"--ns {args.ns!r}: give whole numbers separated by commas, e.g. 768,1152,1600")
+    if args.ns is not None and (not ns or any(not 0 < n <= TOTAL for n in ns)):
+        ap.error(f"--ns {args.ns!r}: give N between 1 and {TOTAL}, e.g. 768,1152,1600")
+    args.ns = ns or (QUICK_NS if args.quick else FULL_NS)
     args.ops = [o.strip() for o in args.ops.split(",") if o.strip()]
     bad = [o for o in args.ops if o not in (*OPS, "small")]
     if bad or not args.ops:
@@ -808,7 +819,7 @@ def main(argv: list[str] | None = None) -> int:
     }
     torch.cuda.empty_cache()
     print(f"copy: {data['copy']['gbps']:.0f} GB/s", flush=True)
-    for n in (QUICK_NS if args.quick else FULL_NS) if data["results"] else ():
+    for n in args.ns if data["results"] else ():
         t0 = time.perf_counter()
         for op, row in measure_shape(providers, list(data["results"]), TOTAL // n, n, dtype, args.rounds).items():
             data["results"][op].append(row)

@@ -107,6 +107,9 @@ FUSED_EPS_N = 4096
 FUSED_ATOMIC_N = 4096
 
 BENCH_N = (1024, 2048, 2880, 4096, 7168, 8192, 16384, 32768, 65536)
+# LayerNorm models' hidden sizes (BERT-base and ViT-B 768, DiT-XL 1152, ViT-H 1280, GPT-2 XL 1600):
+# `scripts/bench.py --ns 768,1152,1280,1600 --ops ln_fwd,ln_bwd,add_ln_fwd,add_ln_bwd`.
+LN_MODEL_N = (768, 1152, 1280, 1600)
 PROFILE_N = 4096  # scripts/host_profile.py
 
 
@@ -347,7 +350,7 @@ def layer_specializations() -> list[dict]:
     plan += [layer_fwd(1024, "bf16", "f32", w="f32", b="bf16")] + layer_bwd(1024, "bf16", "f32", w="f32", b="bf16")
     plan += [layer_fwd(TRAIN_N, "bf16", b="bf16")] + layer_bwd(TRAIN_N, "bf16", b="bf16")
     plan += [layer_fwd(1024, "bf16", b="bf16", store_rstd=False), layer_fwd(1024, "bf16", w=None, store_rstd=False)]
-    for n in BENCH_N:
+    for n in BENCH_N + LN_MODEL_N:
         plan += [layer_fwd(n, "bf16", b="bf16", store_rstd=False), layer_fwd(n, "bf16", b="bf16")]
         plan += layer_bwd(n, "bf16", b="bf16") + layer_bwd(n, "bf16", b="bf16", atomic=True)
         plan += [layer_fwd(n, "bf16", "bf16", b="bf16", store_rstd=False), layer_fwd(n, "bf16", "bf16", b="bf16")]

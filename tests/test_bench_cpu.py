@@ -61,6 +61,16 @@ def test_rounds_must_be_positive(capsys):
     assert bench.parse_args([]).rounds == 3
 
 
+def test_ns_choose_the_shapes(capsys):
+    assert bench.parse_args([]).ns == bench.FULL_NS and bench.parse_args(["--quick"]).ns == bench.QUICK_NS
+    assert bench.parse_args(["--ns", "768, 1152"]).ns == (768, 1152)
+    for bad, said in ((["--ns", "7x"], "whole numbers"), (["--ns", "0"], "between 1"), (["--ns", ""], "between 1"),
+                      (["--ns", "768", "--quick"], "give one")):
+        with pytest.raises(SystemExit):
+            bench.parse_args(bad)
+        assert said in capsys.readouterr().err
+
+
 def test_by_round_pairs_each_round():
     row = {"ms_rounds": {"normir": [1.0, 1.0, 2.0], "quack": [1.01, 0.99, 2.1], "odd": [1.0]}}
     median, ahead, n = bench.by_round(row, "quack")
