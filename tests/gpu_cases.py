@@ -107,9 +107,11 @@ FUSED_EPS_N = 4096
 FUSED_ATOMIC_N = 4096
 
 BENCH_N = (1024, 2048, 2880, 4096, 7168, 8192, 16384, 32768, 65536)
-# LayerNorm models' hidden sizes (BERT-base and ViT-B 768, DiT-XL 1152, ViT-H 1280, GPT-2 XL 1600):
-# `scripts/bench.py --ns 768,1152,1280,1600 --ops ln_fwd,ln_bwd,add_ln_fwd,add_ln_bwd`.
+# Models' hidden sizes, where the chunks often do not split evenly over whole warps: LayerNorm's
+# (BERT-base and ViT-B 768, DiT-XL 1152, ViT-H 1280, GPT-2 XL 1600) and RMSNorm's (Qwen2.5 896,
+# 1536, 3584; 5120). In the GPU tier and in `scripts/bench.py --ns`.
 LN_MODEL_N = (768, 1152, 1280, 1600)
+RMS_MODEL_N = (896, 1536, 3584, 5120)
 PROFILE_N = 4096  # scripts/host_profile.py
 
 
@@ -169,6 +171,8 @@ def specializations() -> list[dict]:
             plan += [_fwd(n, dt, dt), _fwd(n, dt, "f32"), _fwd(n, dt, dt, has_weight=False),
                      _fwd(n, dt, dt, store_rstd=False)]
             plan += _bwd(n, dt, dt) + _bwd(n, dt, "f32") + _bwd(n, dt, dt, has_weight=False)
+        for n in RMS_MODEL_N:
+            plan += [_fwd(n, dt, dt)] + _bwd(n, dt, dt)
         for eps in EPS:
             plan.append(_fwd(4096, dt, dt, eps=eps))
             plan.append(_fwd(100, dt, dt, eps=eps))
@@ -197,7 +201,7 @@ def specializations() -> list[dict]:
     plan += [_fwd(4096, "bf16", "bf16", store_rstd=False)]
     # The custom-op tests (test_custom_op*): forwards without a weight and without rstd.
     plan += [_fwd(n, "bf16", "bf16", has_weight=False, store_rstd=False) for n in (1024, 2880)]
-    for n in BENCH_N:
+    for n in BENCH_N + RMS_MODEL_N:
         plan += [_fwd(n, "bf16", "bf16", store_rstd=False), _fwd(n, "bf16", "bf16")]
         plan += _bwd(n, "bf16", "bf16") + _bwd(n, "bf16", "bf16", atomic=True)
     plan += fused_specializations() + layer_specializations() + swap_specializations() + integration_specializations()
@@ -245,7 +249,7 @@ def fused_specializations() -> list[dict]:
         plan += [fused_fwd(4096, "bf16", "bf16", b="bf16", vec=v), layer_fwd(4096, "bf16", "bf16", b="bf16", vec=v)]
     plan += fused_bwd(4096, "bf16", "bf16", b="bf16") + layer_bwd(4096, "bf16", "bf16", b="bf16")
     plan += [fused_fwd(TRAIN_N, "bf16", "f32")] + fused_bwd(TRAIN_N, "bf16", "f32")
-    for n in BENCH_N:
+    for n in BENCH_N + RMS_MODEL_N:
         plan += [fused_fwd(n, "bf16", "bf16", store_rstd=False), fused_fwd(n, "bf16", "bf16")]
         plan += fused_bwd(n, "bf16", "bf16") + fused_bwd(n, "bf16", "bf16", atomic=True) + fused_bwd(n, "bf16", "f32")
         plan += [fused_fwd(n, "bf16", "f32", store_rstd=False), fused_fwd(n, "bf16", "f32")]
@@ -311,7 +315,7 @@ def layer_specializations() -> list[dict]:
     """What test_gpu_layernorm.py, scripts/sanitize.py's and the benchmark's LayerNorm rows launch."""
     plan: list[dict] = []
     for dt in DTYPE_NAMES:  # the shared N and M sets with a weight and a bias of x's type
-        for n in FWD_N:
+        for n in FWD_N + LN_MODEL_N:
             plan += [layer_fwd(n, dt, b=dt)] + layer_bwd(n, dt, b=dt)
         for n in LN_STATS_N:
             plan += [layer_fwd(n, dt, b=dt, store_rstd=False)]

@@ -10,7 +10,19 @@ import math
 import gpu_cases as cases
 import pytest
 import torch
-from gpu_cases import ALIGN_CASES, CLUSTER_CASES, DTYPE_NAMES, EPS, FORCED_CASES, FWD_M, FWD_N, LARGE_N, TRAIN_N, tpr_value
+from gpu_cases import (
+    ALIGN_CASES,
+    CLUSTER_CASES,
+    DTYPE_NAMES,
+    EPS,
+    FORCED_CASES,
+    FWD_M,
+    FWD_N,
+    LARGE_N,
+    RMS_MODEL_N,
+    TRAIN_N,
+    tpr_value,
+)
 from gpu_helpers import TOL, TORCH, make, poison, rel_err
 
 import normir
@@ -63,7 +75,7 @@ def check_bwd(x, w, eps, *, atomic=False):
 
 
 @pytest.mark.parametrize("m", FWD_M)
-@pytest.mark.parametrize("n", FWD_N)
+@pytest.mark.parametrize("n", FWD_N + RMS_MODEL_N)
 @pytest.mark.parametrize("dt", DTYPE_NAMES)
 def test_fwd_matches_reference(dt, n, m):
     x = make((m, n), TORCH[dt])
@@ -130,7 +142,7 @@ def test_unaligned_and_strided_rows(dt, n, pitch, offset):
 
 
 @pytest.mark.parametrize("m", FWD_M)
-@pytest.mark.parametrize("n", FWD_N)
+@pytest.mark.parametrize("n", FWD_N + RMS_MODEL_N)
 @pytest.mark.parametrize("dt", DTYPE_NAMES)
 def test_bwd_matches_reference(dt, n, m):
     x = make((m, n), TORCH[dt])
