@@ -279,9 +279,8 @@ def _db_smem(opts: Options, lay: Layout, tgt: targets.Target, work: RowWork, per
     # Both sums at the cap spilled in blocks of several rows (256, 512) and, as above, over a
     # cluster of 3, 6 or 7 warps or beside a wider w (tests/test_sm90_spill.py).
     both = full and lay.rows == 1 and (lay.cluster == 1 or cluster_ok) and 2 * need <= MAX_DB_SMEM_BYTES
-    if both and lay.cache_row:
-        choices.append((True, 3, DB_SMEM_REGS_BOTH))
-    elif both and lay.cluster > 1 and opts.has_dres_out and opts.cache_row == -1:
+    hold = lay.cluster > 1 and opts.has_dres_out and opts.cache_row == -1  # the fused add's rows, held for it
+    if both and (lay.cache_row or hold):
         choices.append((True, 3, DB_SMEM_REGS_BOTH))
     gains = [c for c in choices if _resident(tgt, lay, c[2]) > _resident(tgt, lay, BWD_SUMS_REGS)]
     if not gains:
