@@ -78,7 +78,7 @@ class Layout:
     batch_reload: bool = False  # row read twice: pass 2 loads all its x and w chunks, then computes
     dw_regs: bool = False  # persistent: the column sums kept in registers across the row loop
     cluster: int = 1  # blocks (one thread-block cluster) sharing each row; each takes N / cluster
-    l2_prefetch: bool = False  # pass 1 also asks L2 for the block's next row (prefetch.global.L2)
+    l2_prefetch: int = 0  # pass 1 also asks L2 for the block's next row (prefetch.global.L2); 2: d_residual_out too
     stage: bool = False  # rows staged through shared memory by asynchronous copies (cp.async)
     stage_buffers: int = 0  # STAGE buffers of K x BLOCK 16-byte chunks (2 per tensor read)
     min_blocks: int = 0  # blocks that must fit one multiprocessor (caps registers per thread); 0: no cap
@@ -170,10 +170,10 @@ def decide(opts: Options, tgt: targets.Target, spec: KernelSpec) -> Layout:
         # Measured on the H200 (*tune-v5*): +2-19% for the backward's one-row blocks. One-pass
         # kernels lost 3-24% with it (*tune-v9*) and have none.
         policy = lay.rows == 1 and not lay.stage and tgt.prefetch_piece is not None
-        lay = replace(lay, l2_prefetch=policy if opts.l2_prefetch == -1 else bool(opts.l2_prefetch))
-    elif opts.l2_prefetch == 1:
-        raise ValueError(f"l2_prefetch=1: {spec.name} (a block per row group) has no L2 prefetch of a next row; "
-                         "use -1 or 0")
+        lay = replace(lay, l2_prefetch=int(policy) if opts.l2_prefetch == -1 else opts.l2_prefetch)
+    elif opts.l2_prefetch >= 1:
+        raise ValueError(f"l2_prefetch={opts.l2_prefetch}: {spec.name} (a block per row group) has no L2 prefetch of a "
+                         "next row; use -1 or 0")
     chunk_bytes = sorted({lay.vec * DTYPES[t] for t in row_types(work, opts)})
     hintable = tgt.hints and chunk_bytes == [MAX_VECTOR_BYTES]  # every row tensor in 16-byte chunks
     if opts.hints > 0 and not hintable:

@@ -104,6 +104,10 @@ def sanitize_combos(dt: str) -> tuple[tuple, ...]:
 
 
 FUSED_EPS_N = 4096
+# The fused adds' backward forced to prefetch the next row's d_residual_out too (l2_prefetch=2),
+# at the N where its rows are read again over a cluster: test_next_rows_d_residual_out_prefetched.
+PREFETCH_DRES_N = 65536
+PREFETCH_DRES = {"l2_prefetch": 2}
 FUSED_ATOMIC_N = 4096
 
 BENCH_N = (1024, 2048, 2880, 4096, 7168, 8192, 16384, 32768, 65536)
@@ -249,6 +253,8 @@ def fused_specializations() -> list[dict]:
         plan += [fused_fwd(4096, "bf16", "bf16", b="bf16", vec=v), layer_fwd(4096, "bf16", "bf16", b="bf16", vec=v)]
     plan += fused_bwd(4096, "bf16", "bf16", b="bf16") + layer_bwd(4096, "bf16", "bf16", b="bf16")
     plan += [fused_fwd(TRAIN_N, "bf16", "f32")] + fused_bwd(TRAIN_N, "bf16", "f32")
+    plan += [{**d, **PREFETCH_DRES} if d["kernel"] == "fused_add_rmsnorm_bwd" else d
+             for d in fused_bwd(PREFETCH_DRES_N, "bf16", "bf16")]
     for n in BENCH_N + RMS_MODEL_N:
         plan += [fused_fwd(n, "bf16", "bf16", store_rstd=False), fused_fwd(n, "bf16", "bf16")]
         plan += fused_bwd(n, "bf16", "bf16") + fused_bwd(n, "bf16", "bf16", atomic=True) + fused_bwd(n, "bf16", "f32")
@@ -348,6 +354,7 @@ def layer_specializations() -> list[dict]:
                 for _, has_w, has_b, r in SANITIZE_LN_COMBOS:
                     r = dt if r == "x" else r
                     plan += _forced_bwd(layer_bwd(n, dt, r, dt if has_w else None, dt if has_b else None), knobs)
+    plan += _forced_bwd(layer_bwd(PREFETCH_DRES_N, "bf16", "bf16", "bf16", "bf16"), PREFETCH_DRES)
     gradcheck = ("f32", "f32", "f32", "f32")
     plan += [layer_fwd(100, *gradcheck)] + layer_bwd(100, *gradcheck)
     plan += [layer_fwd(1024, "bf16", "bf16", b="bf16")] + layer_bwd(1024, "bf16", "bf16", b="bf16")

@@ -26,6 +26,8 @@ from gpu_cases import (
     LN_FUSED_N,
     LN_MODEL_N,
     LN_STATS_N,
+    PREFETCH_DRES,
+    PREFETCH_DRES_N,
     TRAIN_N,
     tpr_value,
 )
@@ -184,6 +186,18 @@ def test_db_sums_in_shared_memory(monkeypatch, n, knobs):
         check((199, n), "bf16", b="bf16")
         check((199, n), "bf16", "f32", b="bf16")
         test_dw_db_bit_identical_across_runs_and_atomic_mode(n)
+    finally:
+        launch.clear_handles()
+
+
+def test_next_rows_d_residual_out_prefetched(monkeypatch):
+    # The fused add's backward forced to ask L2 for the next row's d_residual_out too
+    # (l2_prefetch=2): the gradients still match.
+    from normir import launch
+    monkeypatch.setenv("NORMIR_TPR", f"layernorm_bwd:{PREFETCH_DRES_N}={tpr_value(PREFETCH_DRES)}")
+    launch.clear_handles()
+    try:
+        check((199, PREFETCH_DRES_N), "bf16", "bf16", "bf16", "bf16")  # d_residual_out given
     finally:
         launch.clear_handles()
 
