@@ -235,8 +235,7 @@ def _db_smem(opts: Options, lay: Layout, tgt: targets.Target, work: RowWork, per
     - rows read again in one block (the fused add's backward, reading d_residual_out): 2880
       as 192 threads 3475-3477 against 3073-3075 (152 -> 92 registers; a masked chunk: 80
       spilled 8 bytes, so 96), 4096 as 256 x 3 blocks 3824 against 3609-3612. Over a cluster
-      (7168, 8192, 32768) it lost 3-5%, capped or not.
-
+      (7168, 8192, 32768) it lost 3-5%, capped or not;
     - dw's sums there too (3), the slots in 16-byte quarters that no warp access finds in
       conflict, where 1 is not taken and this adds blocks (DB_SMEM_REGS_BOTH): LayerNorm's
       backward over a cluster, 3 blocks of 256 against 2: 8192 3684-3707 against 3480-3505,
@@ -279,7 +278,9 @@ def _db_smem(opts: Options, lay: Layout, tgt: targets.Target, work: RowWork, per
     # Both sums at the cap spilled in blocks of several rows (256, 512) and, as above, over a
     # cluster of 3, 6 or 7 warps or beside a wider w (tests/test_sm90_spill.py).
     both = full and lay.rows == 1 and (lay.cluster == 1 or cluster_ok) and 2 * need <= MAX_DB_SMEM_BYTES
-    hold = lay.cluster > 1 and opts.has_dres_out and opts.cache_row == -1  # the fused add's rows, held for it
+    # The fused add's rows over a cluster are read again (_wide_sums); with both sums moved they
+    # are held instead. Decided here, not in bwd_layout, since it pays only with d3's cap.
+    hold = lay.cluster > 1 and opts.has_dres_out and opts.cache_row == -1
     if both and (lay.cache_row or hold):
         choices.append((True, 3, DB_SMEM_REGS_BOTH))
     gains = [c for c in choices if _resident(tgt, lay, c[2]) > _resident(tgt, lay, BWD_SUMS_REGS)]
