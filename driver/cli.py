@@ -349,8 +349,8 @@ def _parser() -> argparse.ArgumentParser:
     c.add_argument("--weight-offset", type=float, default=0.0, help=f"scale by (w + offset) {feature}")
     c.add_argument("--tpr", type=int, default=0, help="threads per row (0: the layout policy's)")
     c.add_argument("--cluster", type=int, default=0, help="blocks per row, a thread-block cluster (sm_90+; 0: the policy's)")
-    c.add_argument("--l2-prefetch", type=int, default=-1, choices=(-1, 0, 1, 2),
-                   help="the backward's L2 prefetch of the next row (2: its d_residual_out too; -1: the policy's)")
+    c.add_argument("--l2-prefetch", type=int, default=-1, choices=(-1, 0, 1),
+                   help="the backward's L2 prefetch of the next row (-1: the policy's)")
     c.add_argument("--stage", type=int, default=-1, choices=(-1, 0, 1),
                    help="stage rows in shared memory (-1: the policy's)")
     c.add_argument("--min-blocks", type=int, default=0,

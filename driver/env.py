@@ -45,10 +45,9 @@ NO_COMPILE = EnvVar(
 TPR = EnvVar(
     "NORMIR_TPR", "",
     "tuning: threads per row, optionally blocks per row (a cluster) after an x, the L2 prefetch "
-    "(p1 on, p2 with the next row's d_residual_out too, p0 off), shared-memory staging (s1, s0), "
-    "blocks per multiprocessor the registers must allow (m2), cache hints (h0-h55, see "
-    "Options.hints), a narrower vector (v4: elements), the backward's chunks loaded inside the "
-    "cluster exchange (o2), the row held in registers (r1) "
+    "(p1 on, p0 off), shared-memory staging (s1, s0), blocks per multiprocessor the registers must "
+    "allow (m2), cache hints (h0-h55, see Options.hints), a narrower vector (v4: elements), the "
+    "backward's chunks loaded inside the cluster exchange (o2), the row held in registers (r1) "
     "or re-read (r0), the forward's pass 2 loading all its chunks first (b1) or not (b0), and "
     "the backward's db sums in shared memory (d1; d2 in conflict-free quarters; d3 dw's too) or "
     "registers (d0), for given kernels and N, e.g. "

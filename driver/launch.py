@@ -45,7 +45,7 @@ def device_target(index: int) -> str:
     return chip
 
 
-_TPR_ITEM = re.compile(r"(\w+):(\d+)=(\d+)(?:x(\d+))?(?:p([0-2]))?(?:s([01]))?(?:m(\d+))?(?:h(\d+))?(?:v(\d+))?"
+_TPR_ITEM = re.compile(r"(\w+):(\d+)=(\d+)(?:x(\d+))?(?:p([01]))?(?:s([01]))?(?:m(\d+))?(?:h(\d+))?(?:v(\d+))?"
                        r"(?:o(\d+))?(?:r([01]))?(?:b([01]))?(?:d([0-3]))?")
 
 
@@ -58,7 +58,7 @@ def tpr_overrides() -> dict[tuple[str, int], dict[str, int]]:
     for item in filter(None, (p.strip() for p in env.TPR.get().split(","))):
         m = _TPR_ITEM.fullmatch(item)
         if m is None:
-            raise ValueError(f"NORMIR_TPR item {item!r} is not KERNEL:N=TPR[xCLUSTER][p0-p2][s0|s1]"
+            raise ValueError(f"NORMIR_TPR item {item!r} is not KERNEL:N=TPR[xCLUSTER][p0|p1][s0|s1]"
                              "[mBLOCKS][hHINTS][vVEC][oCHUNKS][r0|r1][b0|b1][d0-d3] (e.g. rmsnorm_bwd:65536=512x2p0s1m2h1)")
         out[(m[1], int(m[2]))] = dict(tpr=int(m[3]), cluster=int(m[4] or 0), l2_prefetch=int(m[5]) if m[5] else -1,
                                       stage=int(m[6]) if m[6] else -1, min_blocks=int(m[7] or 0),

@@ -60,6 +60,11 @@ FWD_WIDE_CLUSTER = 4  # one-pass rows that fill a 1024-thread block: blocks per 
 # with 64 (N=32768 bf16 in one 512-thread block) ptxas caps the block at 128 registers and spills.
 BWD_SPLIT_DW = 32
 BWD_WIDE_WARPS = 4  # persistent rows with a wider row summary: warps per block before a cluster (bwd_layout)
+# A forward's rows split evenly (_even_rows): at most this many elements a thread, at least
+# FWD_EVEN_MIN_K chunks (one or two a thread lost, *tune-v83*), rows of at most FWD_EVEN_MAX_CHUNKS
+# 16-byte chunks (measured up to 480).
+FWD_EVEN_MAX_ELEMENTS, FWD_EVEN_MIN_K, FWD_EVEN_MAX_CHUNKS = 100, 4, 512
+BWD_NARROW_MAX_FILL = 0.8  # a backward's masked rows take narrower chunks up to this share of slots filled (_even_bwd)
 
 
 @dataclass(frozen=True)
@@ -78,7 +83,7 @@ class Layout:
     batch_reload: bool = False  # row read twice: pass 2 loads all its x and w chunks, then computes
     dw_regs: bool = False  # persistent: the column sums kept in registers across the row loop
     cluster: int = 1  # blocks (one thread-block cluster) sharing each row; each takes N / cluster
-    l2_prefetch: int = 0  # pass 1 also asks L2 for the block's next row (prefetch.global.L2); 2: d_residual_out too
+    l2_prefetch: bool = False  # pass 1 also asks L2 for the block's next row (prefetch.global.L2)
     stage: bool = False  # rows staged through shared memory by asynchronous copies (cp.async)
     stage_buffers: int = 0  # STAGE buffers of K x BLOCK 16-byte chunks (2 per tensor read)
     min_blocks: int = 0  # blocks that must fit one multiprocessor (caps registers per thread); 0: no cap
@@ -170,10 +175,10 @@ def decide(opts: Options, tgt: targets.Target, spec: KernelSpec) -> Layout:
         # Measured on the H200 (*tune-v5*): +2-19% for the backward's one-row blocks. One-pass
         # kernels lost 3-24% with it (*tune-v9*) and have none.
         policy = lay.rows == 1 and not lay.stage and tgt.prefetch_piece is not None
-        lay = replace(lay, l2_prefetch=int(policy) if opts.l2_prefetch == -1 else opts.l2_prefetch)
-    elif opts.l2_prefetch >= 1:
-        raise ValueError(f"l2_prefetch={opts.l2_prefetch}: {spec.name} (a block per row group) has no L2 prefetch of a "
-                         "next row; use -1 or 0")
+        lay = replace(lay, l2_prefetch=policy if opts.l2_prefetch == -1 else bool(opts.l2_prefetch))
+    elif opts.l2_prefetch == 1:
+        raise ValueError(f"l2_prefetch=1: {spec.name} (a block per row group) has no L2 prefetch of a next row; "
+                         "use -1 or 0")
     chunk_bytes = sorted({lay.vec * DTYPES[t] for t in row_types(work, opts)})
     hintable = tgt.hints and chunk_bytes == [MAX_VECTOR_BYTES]  # every row tensor in 16-byte chunks
     if opts.hints > 0 and not hintable:
@@ -359,11 +364,53 @@ def bwd_layout(opts: Options, tgt: targets.Target, work: RowWork) -> Layout:
         # 3149-3155 (192 x 1), 4096 as 128 x 2 3589-3630 against 3448-3462 (256 x 1); where the
         # sums split rows already, halving again did not gain (8192 as 128 x 4 3454-3480
         # against 3508).
-        wide = _wide_sums(work, opts) and c == 1 and not tpr and lay.k <= 2 and lay.tpr > BWD_WIDE_WARPS * tgt.warp
+        # Not where the row splits evenly over one block's threads and its halves do not (2560
+        # as 160 x 2 3673-3701 against 96 x 2 blocks with a masked chunk 3082-3083, 3584 as
+        # 224 x 2 3756 against 3327-3328, *tune-v83*).
+        wide = _wide_sums(work, opts) and c == 1 and not tpr and lay.k <= 2 and lay.tpr > BWD_WIDE_WARPS * tgt.warp \
+            and (lay.k != lay.kfull or _full(share(2)))
         return not lay.dw_regs or lay.k * lay.vec * col_sums(work, opts) > BWD_SPLIT_DW or wide
 
     c = _split(n, vec, tgt, opts.cluster, tpr, too_big)
-    return _clustered(share(c), c)
+    lay = _clustered(share(c), c)
+    return lay if tpr or opts.cluster else _even_bwd(opts, tgt, work, lay)
+
+
+def _full(lay: Layout) -> bool:
+    """Every thread the same chunks: none carries a masked one."""
+    return lay.k == lay.kfull
+
+
+def _even_bwd(opts: Options, tgt: targets.Target, work: RowWork, lay: Layout) -> Layout:
+    """A backward's short row (at most 256 chunks) in one block that leaves a masked chunk is
+    split evenly instead: one chunk a thread where the chunks fill whole warps; else, with two
+    column sums (dw and db), narrower chunks over the same threads or up to twice as many. On the
+    H200 (bf16, *tune-v82* to -v84), GB/s against the masked rows:
+
+    - one chunk a thread: 768 as 96 x 1: RMSNorm's 3915-3919 against 3745-3749, its fused add's
+      3882-3899 against 3708, LayerNorm's 3637-3646 against 3254, its fused add's 3693-3718
+      against 3268-3294; 1280 as 160 x 1: 3950 against 3924-3925, 3886-3929 against 3729-3736,
+      3640 against 3273-3293, 3753-3754 against 3325-3338; 1792 as 224 x 1 (*tune-v84*): 3887-3888
+      against 3852-3855, 3910-3934 against 3777-3804, 3545-3547 against 3450-3455;
+    - narrower chunks, two column sums, where the masked layout fills at most BWD_NARROW_MAX_FILL
+      of its chunk slots: 1152 (75%) as 96 x 3 of 8 bytes, LayerNorm's 3644-3666 against
+      3072-3075, its fused add's 3438-3451 against 3160-3180; 1600 (78%) as 160 x 5 of 4 bytes,
+      3476-3501 against 3260-3284, 3402-3407 against 3257-3274; 576 (56%) as 96 x 3 of 4 bytes
+      3093-3100 against 2626-2627. Fuller ones lost or tied: 896 (88%) as 64 x 7 of 4 bytes,
+      the fused add's 3226-3248 against 3455-3467, LayerNorm's 3533-3546 against 3456-3489; 1920
+      (94%) as 160 x 3 of 8 bytes 3483-3516 against 3545-3559 (*tune-v84*). With one column sum
+      (RMSNorm's) they lost: 1152 as 96 x 3 3752 against 3847, 1600 as 160 x 5 of 4 bytes
+      3402-3469 against 3694-3708 for the fused add."""
+    if not (tgt.is_nvidia and lay.cluster == 1 and lay.rows == 1 and not _full(lay) and lay.nchunk <= 256):
+        return lay
+    if lay.nchunk % lay.warp == 0:
+        return _bwd_block_layout(opts.n, lay.vec, tgt, work, opts, lay.nchunk)
+    if col_sums(work, opts) > 1 and lay.nchunk <= BWD_NARROW_MAX_FILL * lay.tpr * lay.k:
+        for vec in (lay.vec // 2, lay.vec // 4):
+            for t in range(lay.tpr, 2 * lay.tpr + 1, lay.warp):
+                if vec and opts.n % (vec * t) == 0:
+                    return _bwd_block_layout(opts.n, vec, tgt, work, opts, t)
+    return lay
 
 
 def _bwd_block_layout(n: int, vec: int, tgt: targets.Target, work: RowWork, opts: Options, tpr: int = 0) -> Layout:
@@ -564,8 +611,34 @@ def fwd_layout(opts: Options, tgt: targets.Target, work: RowWork) -> Layout:
             # and bias, *tune-v73*, -v75, -v76): 3756-3776 GB/s against 3666-3695 streamed.
             held = _row_block_layout(opts.n, lay.vec, hb, tgt, streamed.tpr, DTYPES[opts.wdtype])
             if held.cache_row:
-                return held
-        return streamed
+                return _even_rows(opts, tgt, work, held, hb)
+        return _even_rows(opts, tgt, work, streamed, hb)
+    return _even_rows(opts, tgt, work, lay, hb) if policy else lay
+
+
+def _even_rows(opts: Options, tgt: targets.Target, work: RowWork, lay: Layout, hb: int) -> Layout:
+    """A one-read forward of a wider row summary (LayerNorm's) whose layout leaves a masked chunk
+    gets rows split evenly instead, held in registers: the fewest whole warps (else a sub-warp)
+    in 16-byte chunks, else 8-byte ones, FWD_EVEN_MIN_K chunks a thread or more, at most
+    FWD_EVEN_MAX_ELEMENTS elements. On the H200 (bf16, weight and bias, *tune-v82* to -v84), GB/s
+    against the policy's masked rows: 320 as 16 x 5 of 8 bytes 3995-4000 against 3114, 576 as 16
+    x 9 of 8 bytes 3960-3995 against 2930-2942, 896 as 32 x 7 of 8 bytes 3995-4014 against
+    3611-3620, 1152 as 32 x 9 of 8 bytes 4004-4022 against 3103-3122, 1280 as 32 x 5 3953-3996
+    against 3345, 1600 as 16 x 25 of 8 bytes 3903-3924 against 3325-3363, 2560 as 32 x 10
+    3951-3971 against 3570-3577, 3584 as 64 x 7 4001-4004 against 3573-3595, 3840 as 64 x 15 of 8
+    bytes 3997-4002 against 3678-3699. Fewer chunks a thread lost (2560 as 160 x 2 3249-3255, 3584 as
+    224 x 2 3189-3204); RMSNorm's forward and both fused adds' kept their masked rows (within
+    1%, or ahead by 1-6%). N=2880 has no such split and stays held (fwd_layout)."""
+    if not (tgt.is_nvidia and work.sums > 1 and len(reads(work, opts)) == 1 and lay.cluster == 1
+            and not _full(lay) and opts.n * DTYPES[opts.dtype] <= FWD_EVEN_MAX_CHUNKS * MAX_VECTOR_BYTES):
+        return lay
+    warp = tgt.warp
+    threads = [*range(warp, MAX_THREADS + 1, warp), *(warp >> i for i in range(1, warp.bit_length()))]
+    for t in threads:
+        for vec in (opts.vec, opts.vec // 2):
+            if vec and opts.n % (t * vec) == 0 and FWD_EVEN_MIN_K * vec <= opts.n // t <= FWD_EVEN_MAX_ELEMENTS:
+                even = _row_block_layout(opts.n, vec, hb, tgt, t, DTYPES[opts.wdtype])
+                return even if even.cache_row else lay
     return lay
 
 

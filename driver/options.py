@@ -61,7 +61,7 @@ class Options:
     weight_offset: float = 0.0  # the weight is used as w + weight_offset
     tpr: int = 0  # threads per row; 0: the kernel's layout policy decides (tuning knob)
     cluster: int = 0  # blocks per row (a thread-block cluster); 0: the layout policy decides
-    l2_prefetch: int = -1  # 1/0: prefetch the next row into L2 or not (2: its d_residual_out too); -1: the policy's
+    l2_prefetch: int = -1  # 1/0: prefetch the next row into L2 or not; -1: the layout policy decides
     stage: int = -1  # persistent kernels, 1/0: stage the rows read through shared memory or not; -1: the policy's
     min_blocks: int = 0  # NVVM: blocks per multiprocessor the registers must allow; 0: the policy's
     hints: int = -1  # cache hints, a sum of the layout.HINT_* bits (0: none); -1: the policy's
@@ -106,13 +106,9 @@ class Options:
             raise ValueError(f"cluster={self.cluster}: {self.target} has no thread-block clusters; use cluster=1")
         if self.cluster > 1 and self.n % (self.cluster * vec):
             raise ValueError(f"cluster={self.cluster} must split N={self.n} into whole vectors of {vec}")
-        _check_int("l2_prefetch", self.l2_prefetch, -1, 2,
-                   "choose 1 (on), 2 (on, d_residual_out's too), 0 (off) or -1 (the policy's)")
-        if self.l2_prefetch >= 1 and tgt.prefetch_piece is None:
-            raise ValueError(f"l2_prefetch={self.l2_prefetch}: {self.target} has no L2 prefetch instruction; use -1 or 0")
-        if self.l2_prefetch == 2 and not self.has_dres_out:
-            raise ValueError("l2_prefetch=2 also prefetches the next row's d_residual_out, which this kernel does not "
-                             "read (has_dres_out=False); use 1")
+        _check_int("l2_prefetch", self.l2_prefetch, -1, 1, "choose 1 (on), 0 (off) or -1 (the policy's)")
+        if self.l2_prefetch == 1 and tgt.prefetch_piece is None:
+            raise ValueError(f"l2_prefetch=1: {self.target} has no L2 prefetch instruction; use -1 or 0")
         _check_int("stage", self.stage, -1, 1, "choose 1 (on), 0 (off) or -1 (the policy's)")
         _check_int("min_blocks", self.min_blocks, 0, MAX_MIN_BLOCKS,
                    f"must be an int from 0 (the policy's) to {MAX_MIN_BLOCKS}")

@@ -133,7 +133,6 @@ def common_values(opts: Options) -> dict[str, str]:
         "PREFETCH_PIECE": (tgt.prefetch_piece if lay.l2_prefetch or opts.has_dres_out else None)
         or "common/prefetch_none.mlir",
         "L2_PREFETCH": _bool(lay.l2_prefetch),
-        "L2_PREFETCH_DRES": _bool(lay.l2_prefetch == 2),
         "STAGE": _bool(lay.stage),
         "STAGE_PIECE": tgt.stage_piece if lay.stage else "common/stage_none.mlir",
         "STAGE_BLOCK_BYTES": str(lay.block * MAX_VECTOR_BYTES),
@@ -202,8 +201,7 @@ def common_values(opts: Options) -> dict[str, str]:
 LAYOUT_VALUES = {
     "TPR": "--tpr", "CLUSTER": "--cluster", "CLUSTER_PIECE": "--cluster", "V": "--vec", "ALIGN": "--vec",
     "W_ALIGN": "--vec", "PART_ALIGN": "--vec", "STAGE": "--stage", "STAGE_PIECE": "--stage",
-    "STAGE_BLOCK_BYTES": "--stage", "L2_PREFETCH": "--l2-prefetch", "L2_PREFETCH_DRES": "--l2-prefetch",
-    "PREFETCH_PIECE": "--l2-prefetch",
+    "STAGE_BLOCK_BYTES": "--stage", "L2_PREFETCH": "--l2-prefetch", "PREFETCH_PIECE": "--l2-prefetch",
     "CACHE_ROW": "--cache-row", "OVERLAP": "--overlap", "OVERLAP_K": "--overlap", "BATCH_RELOAD": "--batch-reload",
     "KERNEL_ATTRS": "--min-blocks", "ROWS": "", "BLOCK": "", "K": "", "KFULL": "", "NCHUNK": "", "NSUB": "",
     "WPR": "", "MULTI_WARP": "", "SHUFFLE_STEPS": "", "WARP_STEPS": "", "WPR_P2": "", "EQUAL_COUNTS": "",

@@ -31,8 +31,7 @@
 // at [k][quarter][tid] (2; 3: dw's too; common/slots_split.mlir). DB_GET reads a chunk's sums and
 // `DB_PUT value, DB_PUT_TO` writes them (a vector.load / vector.store, or the quarters' get and
 // put); DW_* the same for dw's.
-// L2_PREFETCH: pass 1 also asks L2 for the same chunks of x and dy of the block's next row;
-// L2_PREFETCH_DRES: and of its d_residual_out (with HAS_DRES_OUT).
+// L2_PREFETCH: pass 1 also asks L2 for the same chunks of x and dy of the block's next row.
 // STAGE: x and dy come through shared memory: while a row is reduced and written, each thread's
 // chunks of the next row are already being copied (cp.async) into the other of two buffers, and
 // both passes read the current buffer; HBM is read once and never waits on the reductions.
@@ -46,9 +45,9 @@
 // HAS_DRES_OUT, STORE_DRES, DW_REGS, DB_GET, DB_PUT, DB_PUT_TO, DB_IN_WORKGROUP / DB_IN_PRIVATE
 // (db's sums declared in one attribution list or the other), the same DW_*, DB_SLOTS_PIECE /
 // DW_SLOTS_PIECE (the quarters' get and put, or none), SLOT_Q, SLOT_H, ATOMIC_DW, PART_ALIGN,
-// L2_PREFETCH, L2_PREFETCH_DRES, OVERLAP, OVERLAP_K, STAGE, STAGE_BLOCK_BYTES, LATE_EXT_T_PIECE /
-// LATE_EXT_YT_PIECE (pass 2's casts of x and dy), the target's atomics (ATOMIC_SCOPE,
-// ATOMIC_ATTRS), and its pieces for the L2 prefetch (PREFETCH_PIECE) and staging (STAGE_PIECE).
+// L2_PREFETCH, OVERLAP, OVERLAP_K, STAGE, STAGE_BLOCK_BYTES, LATE_EXT_T_PIECE / LATE_EXT_YT_PIECE
+// (pass 2's casts of x and dy), the target's atomics (ATOMIC_SCOPE, ATOMIC_ATTRS), and its pieces
+// for the L2 prefetch (PREFETCH_PIECE) and staging (STAGE_PIECE).
 // Tensors: x, w, dy, rstd and mean (fp32 per row), dres_out (d_residual_out), dx, dres, dw_part and
 // db_part (fp32 partial rows); scalars: rows, the row strides of x, dy, dres_out, dx and dres
 // (elements), and the grid size.
@@ -97,7 +96,6 @@ ${ABSENT}
     %dw_regs = arith.constant ${DW_REGS}
     %atomic_dw = arith.constant ${ATOMIC_DW}
     %l2_prefetch = arith.constant ${L2_PREFETCH}
-    %l2_prefetch_dres = arith.constant ${L2_PREFETCH_DRES}
     %stage_on = arith.constant ${STAGE}
     %eb = arith.constant ${EB_T} : index
     %eb_dy = arith.constant ${EB_YT} : index
@@ -237,12 +235,6 @@ ${ABSENT}
           %pfd_elem = arith.addi %pfd_row, %col : index
           %pfd_byte = arith.muli %pfd_elem, %eb_dy : index
           func.call @normir_prefetch_l2(%dy_base, %pfd_byte) : (index, index) -> ()
-          scf.if %l2_prefetch_dres {
-            %pfg_row = arith.muli %pf_row, %dres_out_stride : index
-            %pfg_elem = arith.addi %pfg_row, %col : index
-            %pfg_byte = arith.muli %pfg_elem, %eb : index
-            func.call @normir_prefetch_l2(%dres_out_base, %pfg_byte) : (index, index) -> ()
-          }
         }
         // HAS_DRES_OUT: pass 2 reads d_residual_out once, where its other reads come from
         // registers, shared memory or L2; this row's chunk is asked into L2 now, so that the

@@ -35,12 +35,13 @@ from gpu_cases import (  # noqa: E402
 
 TORCH = {"f32": torch.float32, "f16": torch.float16, "bf16": torch.bfloat16}
 
-# 32768 / 65536 / 131072: rows over clusters of 2 / 4 / 8 blocks (sm_90); M=200 reuses the
-# backward's exchange slots many times per cluster. Every case runs the backward without a weight
-# too, whose policy differs (rows in registers at 4096, staged at 16384, all of pass 2 inside the
-# cluster barrier at 32768 / 65536).
-CASES = [(100, torch.bfloat16), (1024, torch.float32), (2880, torch.bfloat16), (4096, torch.float16),
-         (16384, torch.bfloat16), (32768, torch.bfloat16), (65536, torch.bfloat16), (131072, torch.float32)]
+# 768: one chunk a thread (the backward's rows split evenly); 32768 / 65536 / 131072: rows over
+# clusters of 2 / 4 / 8 blocks (sm_90); M=200 reuses the backward's exchange slots many times per
+# cluster. Every case runs the backward without a weight too, whose policy differs (rows in
+# registers at 4096, staged at 16384, all of pass 2 inside the cluster barrier at 32768 / 65536).
+CASES = [(100, torch.bfloat16), (768, torch.bfloat16), (1024, torch.float32), (2880, torch.bfloat16),
+         (4096, torch.float16), (16384, torch.bfloat16), (32768, torch.bfloat16), (65536, torch.bfloat16),
+         (131072, torch.float32)]
 
 
 LN_EPS = 1e-5

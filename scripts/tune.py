@@ -20,27 +20,18 @@ import os
 import sys
 
 VARIANTS = {  # (op, N, dtype): layouts to compare, as NORMIR_TPR values ("0": the policy's)
-    # v82 (v81: docs/results/2026-12-02-h200.md). LayerNorm models' hidden sizes (bench
-    # 2026-12-02e: the forward at 1152 75.5% of copy, 14% behind quack; 1280 a tie with quack;
-    # 1600 80.5%; the backward 74-79%). The policy's rows there have a masked chunk (144, 160
-    # and 200 chunks of 16 bytes split over 64 or 96 threads); the variants split them evenly:
-    # sub-warp rows (16 x 9 at 1152), 8-byte chunks (v4: 32 x 9, 96 x 3), one warp a row (32 x
-    # 5 at 1280). ptxas (bf16, weight and bias): forward 32-80 registers, backward 63-96 (the
-    # policy's 116-122); none spills.
-    ("ln_fwd", 768, "bf16"): ("0", "16"),
-    ("ln_fwd", 1152, "bf16"): ("0", "16", "32v4", "96v4"),
-    ("ln_fwd", 1280, "bf16"): ("0", "32", "64v4"),
-    ("ln_fwd", 1600, "bf16"): ("0", "32", "16v4"),
-    ("add_ln_fwd", 768, "bf16"): ("0", "96"),
-    ("ln_bwd", 768, "bf16"): ("0", "64v4", "96v4"),
-    ("ln_bwd", 1152, "bf16"): ("0", "96v4"),
-    ("ln_bwd", 1280, "bf16"): ("0", "160", "160v4"),
-    # The fused adds' backward with the next row's d_residual_out prefetched into L2 too (p2), where
-    # the policy's rows are read again (RMSNorm's at 65536: 87% of copy, the issue's target 90%).
-    ("add_bwd", 32768, "bf16"): ("0", "0p2"),
-    ("add_bwd", 65536, "bf16"): ("0", "0p2"),
-    ("add_ln_bwd", 7168, "bf16"): ("0", "0p2"),
-    ("add_ln_bwd", 65536, "bf16"): ("0", "0p2"),
+    # v85 (v84: docs/results/2026-12-02-h200.md, run h). Bench i beside the peers at models'
+    # sizes: the fused add's LayerNorm forward at 90-94% of copy where its rows take one chunk a
+    # thread (1280 as 160 x 1, 1536, 2560, 3584 as 448 x 1) against 100-102% at 1152, 1600 and
+    # 5120 (2 to 4 chunks); RMSNorm's forward at 768 and 896 2% behind torch.compile (32 x 3 and
+    # x 4, held). The variants: 2 or more chunks a thread, even splits.
+    ("add_ln_fwd", 1280, "bf16"): ("0", "32", "64v4"),
+    ("add_ln_fwd", 1536, "bf16"): ("0", "96", "64", "32"),
+    ("add_ln_fwd", 2560, "bf16"): ("0", "160", "64"),
+    ("add_ln_fwd", 3584, "bf16"): ("0", "224", "64"),
+    ("fwd", 768, "bf16"): ("0", "32v4", "16", "96"),
+    ("fwd", 896, "bf16"): ("0", "32v4", "16", "224v4"),
+    ("ln_fwd", 768, "bf16"): ("0", "32v4", "96"),
 }
 KERNEL = {"fwd": "rmsnorm_fwd", "bwd": "rmsnorm_bwd", "add_fwd": "fused_add_rmsnorm_fwd",
           "add_bwd": "fused_add_rmsnorm_bwd", "ln_fwd": "layernorm_fwd", "ln_bwd": "layernorm_bwd",

@@ -91,12 +91,14 @@ FUSED_COMBOS = (
     ("bf16", None, "bf16", "bf16", None, None, 0.0),  # a bias without a residual
     ("bf16", "bf16", None, "bf16", None, None, 0.0),  # a bias without a weight: db's sums alone
 )
-# 100: narrow vectors; 2880: a masked tail; 8192: a multi-warp row; 65536: clusters, the
-# re-reading path with two fp32 row tensors, the column sums in memory.
-FUSED_N = (100, 2880, 8192, 65536)
+# 100: narrow vectors; 768, 1152, 1600: the backward's rows split evenly (one chunk a thread;
+# with dw's and db's sums 8- and 4-byte chunks); 2880: a masked tail; 8192: a multi-warp row;
+# 65536: clusters, the re-reading path with two fp32 row tensors, the column sums in memory.
+FUSED_N = (100, 768, 1152, 1600, 2880, 8192, 65536)
 # scripts/sanitize.py: (N, x's dtype) with two combinations: the residual in x's type, and an fp32
 # residual with a bias and a weight offset (dx and dresidual both written, db summed).
-SANITIZE_FUSED = ((100, "bf16"), (2880, "bf16"), (4096, "f16"), (16384, "bf16"), (65536, "bf16"), (131072, "f32"))
+SANITIZE_FUSED = ((100, "bf16"), (1152, "bf16"), (2880, "bf16"), (4096, "f16"), (16384, "bf16"), (65536, "bf16"),
+                  (131072, "f32"))
 
 
 def sanitize_combos(dt: str) -> tuple[tuple, ...]:
@@ -104,18 +106,14 @@ def sanitize_combos(dt: str) -> tuple[tuple, ...]:
 
 
 FUSED_EPS_N = 4096
-# The fused adds' backward forced to prefetch the next row's d_residual_out too (l2_prefetch=2),
-# at the N where its rows are read again over a cluster: test_next_rows_d_residual_out_prefetched.
-PREFETCH_DRES_N = 65536
-PREFETCH_DRES = {"l2_prefetch": 2}
 FUSED_ATOMIC_N = 4096
 
 BENCH_N = (1024, 2048, 2880, 4096, 7168, 8192, 16384, 32768, 65536)
-# Models' hidden sizes, where the chunks often do not split evenly over whole warps: LayerNorm's
-# (BERT-base and ViT-B 768, DiT-XL 1152, ViT-H 1280, GPT-2 XL 1600) and RMSNorm's (Qwen2.5 896,
-# 1536, 3584; 5120). In the GPU tier and in `scripts/bench.py --ns`.
-LN_MODEL_N = (768, 1152, 1280, 1600)
-RMS_MODEL_N = (896, 1536, 3584, 5120)
+# Models' hidden sizes, where the 16-byte chunks often do not split evenly over whole warps (the
+# policy splits them evenly: layout._even_rows, _even_bwd): 768 (BERT-base, ViT-B), 896, 1536 and
+# 3584 (Qwen2.5), 1152 (DiT-XL), 1280 (ViT-H), 1600 (GPT-2 XL), 2560, 5120. In the GPU tier and
+# in `scripts/bench.py --ns`.
+MODEL_N = (768, 896, 1152, 1280, 1536, 1600, 2560, 3584, 5120)
 PROFILE_N = 4096  # scripts/host_profile.py
 
 
@@ -175,8 +173,8 @@ def specializations() -> list[dict]:
             plan += [_fwd(n, dt, dt), _fwd(n, dt, "f32"), _fwd(n, dt, dt, has_weight=False),
                      _fwd(n, dt, dt, store_rstd=False)]
             plan += _bwd(n, dt, dt) + _bwd(n, dt, "f32") + _bwd(n, dt, dt, has_weight=False)
-        for n in RMS_MODEL_N:
-            plan += [_fwd(n, dt, dt)] + _bwd(n, dt, dt)
+        for n in MODEL_N:  # (and scripts/sanitize.py's backward without a weight at 768)
+            plan += [_fwd(n, dt, dt)] + _bwd(n, dt, dt) + _bwd(n, dt, dt, has_weight=False)
         for eps in EPS:
             plan.append(_fwd(4096, dt, dt, eps=eps))
             plan.append(_fwd(100, dt, dt, eps=eps))
@@ -205,7 +203,7 @@ def specializations() -> list[dict]:
     plan += [_fwd(4096, "bf16", "bf16", store_rstd=False)]
     # The custom-op tests (test_custom_op*): forwards without a weight and without rstd.
     plan += [_fwd(n, "bf16", "bf16", has_weight=False, store_rstd=False) for n in (1024, 2880)]
-    for n in BENCH_N + RMS_MODEL_N:
+    for n in BENCH_N + MODEL_N:
         plan += [_fwd(n, "bf16", "bf16", store_rstd=False), _fwd(n, "bf16", "bf16")]
         plan += _bwd(n, "bf16", "bf16") + _bwd(n, "bf16", "bf16", atomic=True)
     plan += fused_specializations() + layer_specializations() + swap_specializations() + integration_specializations()
@@ -253,9 +251,7 @@ def fused_specializations() -> list[dict]:
         plan += [fused_fwd(4096, "bf16", "bf16", b="bf16", vec=v), layer_fwd(4096, "bf16", "bf16", b="bf16", vec=v)]
     plan += fused_bwd(4096, "bf16", "bf16", b="bf16") + layer_bwd(4096, "bf16", "bf16", b="bf16")
     plan += [fused_fwd(TRAIN_N, "bf16", "f32")] + fused_bwd(TRAIN_N, "bf16", "f32")
-    plan += [{**d, **PREFETCH_DRES} if d["kernel"] == "fused_add_rmsnorm_bwd" else d
-             for d in fused_bwd(PREFETCH_DRES_N, "bf16", "bf16")]
-    for n in BENCH_N + RMS_MODEL_N:
+    for n in BENCH_N + MODEL_N:
         plan += [fused_fwd(n, "bf16", "bf16", store_rstd=False), fused_fwd(n, "bf16", "bf16")]
         plan += fused_bwd(n, "bf16", "bf16") + fused_bwd(n, "bf16", "bf16", atomic=True) + fused_bwd(n, "bf16", "f32")
         plan += [fused_fwd(n, "bf16", "f32", store_rstd=False), fused_fwd(n, "bf16", "f32")]
@@ -280,14 +276,15 @@ LN_BIT_N = (1024, 65536)
 # 4096: the fused add's backward with db's sums in shared memory, capped; 32768: its forward held
 # over a 4-block cluster.
 LN_FUSED_N = (*FUSED_N, 4096, 32768)
-# scripts/sanitize.py: (N, x's dtype): several rows per block with narrow vectors (100), a masked
-# tail (2880), rows in registers (4096), multi-warp rows (16384), rows over clusters of 2 / 4 / 8
+# scripts/sanitize.py: (N, x's dtype): several rows per block with narrow vectors (100), rows
+# split evenly (1600: the forward 16 threads a row, the backward 4-byte chunks), a masked tail
+# (2880), rows in registers (4096), multi-warp rows (16384), rows over clusters of 2 / 4 / 8
 # blocks (32768, 65536, 131072 in f32); each with every SANITIZE_LN_COMBOS entry, (name, weight,
 # bias, the residual's dtype, "x" for x's, or None): weight and bias of x's type; the fused add
-# gets d_residual_out. Atomic column sums at SANITIZE_LN_ATOMIC_N (bf16), with and
-# without an fp32 residual.
-SANITIZE_LN = ((100, "bf16"), (2880, "bf16"), (4096, "f16"), (16384, "bf16"), (32768, "bf16"), (65536, "bf16"),
-               (131072, "f32"))
+# gets d_residual_out. Atomic column sums at SANITIZE_LN_ATOMIC_N (bf16), with and without an
+# fp32 residual.
+SANITIZE_LN = ((100, "bf16"), (1600, "bf16"), (2880, "bf16"), (4096, "f16"), (16384, "bf16"), (32768, "bf16"),
+               (65536, "bf16"), (131072, "f32"))
 SANITIZE_LN_COMBOS = (("plain", True, False, None), ("bias", True, True, None), ("no weight", False, False, None),
                       ("fused f32 residual", True, True, "f32"), ("fused", True, True, "x"))
 SANITIZE_LN_ATOMIC_N = (4096, 32768)
@@ -321,7 +318,7 @@ def layer_specializations() -> list[dict]:
     """What test_gpu_layernorm.py, scripts/sanitize.py's and the benchmark's LayerNorm rows launch."""
     plan: list[dict] = []
     for dt in DTYPE_NAMES:  # the shared N and M sets with a weight and a bias of x's type
-        for n in FWD_N + LN_MODEL_N:
+        for n in FWD_N + MODEL_N:
             plan += [layer_fwd(n, dt, b=dt)] + layer_bwd(n, dt, b=dt)
         for n in LN_STATS_N:
             plan += [layer_fwd(n, dt, b=dt, store_rstd=False)]
@@ -354,14 +351,13 @@ def layer_specializations() -> list[dict]:
                 for _, has_w, has_b, r in SANITIZE_LN_COMBOS:
                     r = dt if r == "x" else r
                     plan += _forced_bwd(layer_bwd(n, dt, r, dt if has_w else None, dt if has_b else None), knobs)
-    plan += _forced_bwd(layer_bwd(PREFETCH_DRES_N, "bf16", "bf16", "bf16", "bf16"), PREFETCH_DRES)
     gradcheck = ("f32", "f32", "f32", "f32")
     plan += [layer_fwd(100, *gradcheck)] + layer_bwd(100, *gradcheck)
     plan += [layer_fwd(1024, "bf16", "bf16", b="bf16")] + layer_bwd(1024, "bf16", "bf16", b="bf16")
     plan += [layer_fwd(1024, "bf16", "f32", w="f32", b="bf16")] + layer_bwd(1024, "bf16", "f32", w="f32", b="bf16")
     plan += [layer_fwd(TRAIN_N, "bf16", b="bf16")] + layer_bwd(TRAIN_N, "bf16", b="bf16")
     plan += [layer_fwd(1024, "bf16", b="bf16", store_rstd=False), layer_fwd(1024, "bf16", w=None, store_rstd=False)]
-    for n in BENCH_N + LN_MODEL_N:
+    for n in BENCH_N + MODEL_N:
         plan += [layer_fwd(n, "bf16", b="bf16", store_rstd=False), layer_fwd(n, "bf16", b="bf16")]
         plan += layer_bwd(n, "bf16", b="bf16") + layer_bwd(n, "bf16", b="bf16", atomic=True)
         plan += [layer_fwd(n, "bf16", "bf16", b="bf16", store_rstd=False), layer_fwd(n, "bf16", "bf16", b="bf16")]

@@ -19,10 +19,7 @@ from gpu_cases import (
     FUSED_N,
     FWD_M,
     FWD_N,
-    PREFETCH_DRES,
-    PREFETCH_DRES_N,
     TRAIN_N,
-    tpr_value,
 )
 from gpu_helpers import TOL, TORCH, make, poison, rel_err, tensors
 
@@ -81,19 +78,6 @@ def test_fused_add_matches_reference(dt, n, m):
 @pytest.mark.parametrize("combo", FUSED_COMBOS, ids=lambda c: "-".join(str(v) for v in c))
 def test_dtypes_and_features(combo, n, prenorm):
     check((199, n), *combo, prenorm=prenorm)
-
-
-def test_next_rows_d_residual_out_prefetched(monkeypatch):
-    # The backward forced to ask L2 for the next row's d_residual_out too (l2_prefetch=2): the
-    # gradients still match (the prefetch only moves lines into L2). LayerNorm's: its own test.
-    from normir import launch
-
-    monkeypatch.setenv("NORMIR_TPR", f"fused_add_rmsnorm_bwd:{PREFETCH_DRES_N}={tpr_value(PREFETCH_DRES)}")
-    launch.clear_handles()
-    try:
-        check((199, PREFETCH_DRES_N), "bf16", "bf16")  # d_residual_out given: the variant forced
-    finally:
-        launch.clear_handles()
 
 
 @pytest.mark.parametrize("eps", EPS)

@@ -24,10 +24,8 @@ from gpu_cases import (
     LN_EPS,
     LN_FUSED_COMBOS,
     LN_FUSED_N,
-    LN_MODEL_N,
     LN_STATS_N,
-    PREFETCH_DRES,
-    PREFETCH_DRES_N,
+    MODEL_N,
     TRAIN_N,
     tpr_value,
 )
@@ -79,7 +77,7 @@ def check(shape, x, r=None, w="", b=None, s=None, o=None, *, prenorm=True, eps=L
 
 
 @pytest.mark.parametrize("m", FWD_M)
-@pytest.mark.parametrize("n", FWD_N + LN_MODEL_N)
+@pytest.mark.parametrize("n", FWD_N + MODEL_N)
 @pytest.mark.parametrize("dt", DTYPE_NAMES)
 def test_layernorm_matches_reference(dt, n, m):
     check((m, n), dt, b=dt)
@@ -186,18 +184,6 @@ def test_db_sums_in_shared_memory(monkeypatch, n, knobs):
         check((199, n), "bf16", b="bf16")
         check((199, n), "bf16", "f32", b="bf16")
         test_dw_db_bit_identical_across_runs_and_atomic_mode(n)
-    finally:
-        launch.clear_handles()
-
-
-def test_next_rows_d_residual_out_prefetched(monkeypatch):
-    # The fused add's backward forced to ask L2 for the next row's d_residual_out too
-    # (l2_prefetch=2): the gradients still match.
-    from normir import launch
-    monkeypatch.setenv("NORMIR_TPR", f"layernorm_bwd:{PREFETCH_DRES_N}={tpr_value(PREFETCH_DRES)}")
-    launch.clear_handles()
-    try:
-        check((199, PREFETCH_DRES_N), "bf16", "bf16", "bf16", "bf16")  # d_residual_out given
     finally:
         launch.clear_handles()
 

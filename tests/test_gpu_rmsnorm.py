@@ -19,7 +19,7 @@ from gpu_cases import (
     FWD_M,
     FWD_N,
     LARGE_N,
-    RMS_MODEL_N,
+    MODEL_N,
     TRAIN_N,
     tpr_value,
 )
@@ -75,7 +75,7 @@ def check_bwd(x, w, eps, *, atomic=False):
 
 
 @pytest.mark.parametrize("m", FWD_M)
-@pytest.mark.parametrize("n", FWD_N + RMS_MODEL_N)
+@pytest.mark.parametrize("n", FWD_N + MODEL_N)
 @pytest.mark.parametrize("dt", DTYPE_NAMES)
 def test_fwd_matches_reference(dt, n, m):
     x = make((m, n), TORCH[dt])
@@ -142,7 +142,7 @@ def test_unaligned_and_strided_rows(dt, n, pitch, offset):
 
 
 @pytest.mark.parametrize("m", FWD_M)
-@pytest.mark.parametrize("n", FWD_N + RMS_MODEL_N)
+@pytest.mark.parametrize("n", FWD_N + MODEL_N)
 @pytest.mark.parametrize("dt", DTYPE_NAMES)
 def test_bwd_matches_reference(dt, n, m):
     x = make((m, n), TORCH[dt])

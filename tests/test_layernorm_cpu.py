@@ -211,6 +211,62 @@ def test_one_read_rows_of_a_masked_chunk_are_held():
     assert not fused.cache_row  # two reads: streamed
 
 
+@pytest.mark.parametrize(("n", "tpr", "vec", "k"), [(896, 32, 4, 7), (1152, 32, 4, 9), (1280, 32, 8, 5),
+                                                   (1600, 16, 4, 25), (2560, 32, 8, 10), (3584, 64, 8, 7)])
+def test_forward_rows_of_a_masked_chunk_split_evenly(n, tpr, vec, k):
+    # LayerNorm's forward where the policy's rows leave a masked chunk: the fewest whole warps
+    # (else a sub-warp) in 16-byte chunks, else 8-byte ones, at most 100 elements a thread, held.
+    lay = Options(kernel="layernorm_fwd", n=n, bdtype="bf16").layout
+    assert (lay.tpr, lay.vec, lay.k, lay.kfull, lay.cluster, lay.cache_row) == (tpr, vec, k, k, 1, True)
+    assert lay.rows == (256 // tpr if tpr <= 32 else 1)
+    # Not for a forward reading two rows, RMSNorm's, a forced layout, nor gfx950 (not measured).
+    for other in (Options(kernel="layernorm_fwd", n=n, bdtype="bf16", rdtype="bf16", store_residual=True),
+                  Options(kernel="rmsnorm_fwd", n=n), Options(kernel="layernorm_fwd", n=n, tpr=96),
+                  Options(kernel="layernorm_fwd", n=n, target="gfx950")):
+        assert other.layout.vec != vec or other.layout.tpr != tpr, other
+
+
+def test_forward_rows_without_an_even_split_keep_their_layout():
+    # 2880 (360 chunks of 16 bytes, 720 of 8): no split of whole warps or 16 threads within 100
+    # elements a thread; held with its masked chunk (test_one_read_rows_of_a_masked_chunk_are_held).
+    lay = Options(kernel="layernorm_fwd", n=2880, bdtype="bf16").layout
+    assert (lay.vec, lay.k, lay.kfull) == (8, 4, 3)
+    assert Options(kernel="layernorm_fwd", n=4096, bdtype="bf16").layout.tpr == 128  # even: streamed as before
+
+
+@pytest.mark.parametrize(("kernel", "extra"), [("rmsnorm_bwd", {}), ("fused_add_rmsnorm_bwd", {"has_dres_out": True}),
+                                               ("layernorm_bwd", {"bdtype": "f32"}),
+                                               ("layernorm_bwd", {"bdtype": "f32", "has_dres_out": True})])
+def test_backward_short_rows_of_a_masked_chunk_split_evenly(kernel, extra):
+    # One chunk a thread where the row's chunks fill whole warps (768: 96, 1280: 160), every op.
+    for n, tpr in ((768, 96), (1280, 160)):
+        lay = Options(kernel=kernel, n=n, **extra).layout
+        assert (lay.tpr, lay.vec, lay.k, lay.kfull, lay.cluster) == (tpr, 8, 1, 1, 1), (n, lay)
+    # Else narrower chunks over as many threads or up to twice as many, with dw's and db's sums
+    # (1152 as 96 x 3 of 8 bytes, 1600 as 160 x 5 of 4); with one sum the masked rows stay.
+    for n, shape in ((1152, (96, 4, 3)), (1600, (160, 2, 5))):
+        lay = Options(kernel=kernel, n=n, **extra).layout
+        if "bdtype" in extra:
+            assert (lay.tpr, lay.vec, lay.k, lay.kfull) == (*shape, shape[2]), (n, lay)
+        else:
+            assert (lay.vec, lay.k, lay.kfull) == (8, 2, 1), (n, lay)
+    # Not on gfx950 (not measured), nor a forced layout, nor rows past 256 chunks (2880: 360), nor
+    # masked rows that fill over 80% of their slots (896: 112 of 128, 1920: 240 of 256).
+    for kw in (dict(n=768, target="gfx950"), dict(n=768, tpr=64), dict(n=2880), dict(n=896), dict(n=1920)):
+        lay = Options(kernel=kernel, **{**extra, **kw}).layout
+        assert lay.k != lay.kfull, (kw, lay)
+
+
+def test_backward_rows_split_over_a_cluster_only_where_the_halves_are_even():
+    # LayerNorm's backward takes 2 blocks of half the threads for rows of over 4 warps at 2
+    # chunks, unless the row splits evenly in one block and its halves would not (2560, 3584).
+    def lay(n):
+        return Options(kernel="layernorm_bwd", n=n, bdtype="f32").layout
+
+    assert [(lay(n).tpr, lay(n).cluster) for n in (2560, 3584)] == [(160, 1), (224, 1)]
+    assert [(lay(n).tpr, lay(n).cluster) for n in (2880, 3072, 4096, 5120)] == [(96, 2), (96, 2), (128, 2), (160, 2)]
+
+
 def test_fused_add_rows_of_1024_streamed_threads_are_held_over_a_cluster():
     # The fused add's LayerNorm forward at N=32768 (two reads, a wider summary: 1024 x 4
     # streamed) is held over 4 blocks of 256; LayerNorm's own (one read) and RMSNorm's fused
