@@ -612,6 +612,18 @@ def fwd_layout(opts: Options, tgt: targets.Target, work: RowWork) -> Layout:
             held = _row_block_layout(opts.n, lay.vec, hb, tgt, streamed.tpr, DTYPES[opts.wdtype])
             if held.cache_row:
                 return _even_rows(opts, tgt, work, held, hb)
+        if work.sums > 1 and two_reads and streamed.k == 1 and streamed.wpr & (streamed.wpr - 1):
+            # Two reads of a wider summary at one chunk a thread over a count of warps that is
+            # not a power of two: held at 2 chunks a thread where those fill whole warps, else
+            # split evenly. On the H200 (bf16, weight and bias, *tune-v85*): 1536 as 96 x 2
+            # 4139-4140 GB/s against 3969-3971, 2560 as 160 x 2 4147-4151 against 3819-3820, 3584
+            # as 224 x 2 4121-4125 against 3779-3785, 1280 as 32 x 5 4115-4125 against 3959-3978.
+            # Rows over 4, 8 or 16 warps stay streamed (1024-4096, *tune-v68*).
+            tpr = lay.nchunk // 2 if lay.nchunk % (2 * lay.warp) == 0 else 0
+            held = _row_block_layout(opts.n, lay.vec, hb, tgt, tpr, DTYPES[opts.wdtype]) if tpr \
+                else _even_split(opts, tgt, hb)
+            if held is not None and held.cache_row:
+                return held
         return _even_rows(opts, tgt, work, streamed, hb)
     return _even_rows(opts, tgt, work, lay, hb) if policy else lay
 
@@ -632,14 +644,19 @@ def _even_rows(opts: Options, tgt: targets.Target, work: RowWork, lay: Layout, h
     if not (tgt.is_nvidia and work.sums > 1 and len(reads(work, opts)) == 1 and lay.cluster == 1
             and not _full(lay) and opts.n * DTYPES[opts.dtype] <= FWD_EVEN_MAX_CHUNKS * MAX_VECTOR_BYTES):
         return lay
+    even = _even_split(opts, tgt, hb)
+    return even if even is not None and even.cache_row else lay
+
+
+def _even_split(opts: Options, tgt: targets.Target, hb: int) -> Layout | None:
+    """The forward's row split evenly (see _even_rows), or None where no split qualifies."""
     warp = tgt.warp
     threads = [*range(warp, MAX_THREADS + 1, warp), *(warp >> i for i in range(1, warp.bit_length()))]
     for t in threads:
         for vec in (opts.vec, opts.vec // 2):
             if vec and opts.n % (t * vec) == 0 and FWD_EVEN_MIN_K * vec <= opts.n // t <= FWD_EVEN_MAX_ELEMENTS:
-                even = _row_block_layout(opts.n, vec, hb, tgt, t, DTYPES[opts.wdtype])
-                return even if even.cache_row else lay
-    return lay
+                return _row_block_layout(opts.n, vec, hb, tgt, t, DTYPES[opts.wdtype])
+    return None
 
 
 def _streamed(lay: Layout, two_reads: bool = False, sums: int = 1) -> Layout:

@@ -219,11 +219,26 @@ def test_forward_rows_of_a_masked_chunk_split_evenly(n, tpr, vec, k):
     lay = Options(kernel="layernorm_fwd", n=n, bdtype="bf16").layout
     assert (lay.tpr, lay.vec, lay.k, lay.kfull, lay.cluster, lay.cache_row) == (tpr, vec, k, k, 1, True)
     assert lay.rows == (256 // tpr if tpr <= 32 else 1)
-    # Not for a forward reading two rows, RMSNorm's, a forced layout, nor gfx950 (not measured).
-    for other in (Options(kernel="layernorm_fwd", n=n, bdtype="bf16", rdtype="bf16", store_residual=True),
-                  Options(kernel="rmsnorm_fwd", n=n), Options(kernel="layernorm_fwd", n=n, tpr=96),
+    # Not for RMSNorm's, a forced layout, nor gfx950 (not measured); the fused add's (two reads)
+    # has its own rule (test_fused_forward_rows_over_warps_not_a_power_of_two_are_held).
+    for other in (Options(kernel="rmsnorm_fwd", n=n), Options(kernel="layernorm_fwd", n=n, tpr=96),
                   Options(kernel="layernorm_fwd", n=n, target="gfx950")):
         assert other.layout.vec != vec or other.layout.tpr != tpr, other
+
+
+def test_fused_forward_rows_over_warps_not_a_power_of_two_are_held():
+    # The fused add's LayerNorm forward (two reads) at one chunk a thread over 5-15 warps: held at
+    # 2 chunks a thread where those fill whole warps, else split evenly; 4, 8, 16 warps streamed.
+    def lay(n, **kw):
+        return Options(kernel="layernorm_fwd", n=n, bdtype="bf16", rdtype="bf16", store_residual=True, **kw).layout
+
+    for n, shape in ((1536, (96, 8, 2)), (2560, (160, 8, 2)), (3584, (224, 8, 2)), (1280, (32, 8, 5))):
+        got = lay(n)
+        assert (got.tpr, got.vec, got.k, got.kfull, got.cache_row) == (*shape, shape[2], True), (n, got)
+    for n in (1024, 2048, 4096):
+        assert (lay(n).k, lay(n).cache_row) == (1, False), n
+    assert not Options(kernel="fused_add_rmsnorm_fwd", n=2560, rdtype="bf16", store_residual=True).layout.cache_row
+    assert not lay(2560, target="gfx950").cache_row or lay(2560, target="gfx950").tpr != 160
 
 
 def test_forward_rows_without_an_even_split_keep_their_layout():
