@@ -20,18 +20,18 @@ import os
 import sys
 
 VARIANTS = {  # (op, N, dtype): layouts to compare, as NORMIR_TPR values ("0": the policy's)
-    # v85 (v84: docs/results/2026-12-02-h200.md, run h). Bench i beside the peers at models'
-    # sizes: the fused add's LayerNorm forward at 90-94% of copy where its rows take one chunk a
-    # thread (1280 as 160 x 1, 1536, 2560, 3584 as 448 x 1) against 100-102% at 1152, 1600 and
-    # 5120 (2 to 4 chunks); RMSNorm's forward at 768 and 896 2% behind torch.compile (32 x 3 and
-    # x 4, held). The variants: 2 or more chunks a thread, even splits.
-    ("add_ln_fwd", 1280, "bf16"): ("0", "32", "64v4"),
-    ("add_ln_fwd", 1536, "bf16"): ("0", "96", "64", "32"),
-    ("add_ln_fwd", 2560, "bf16"): ("0", "160", "64"),
-    ("add_ln_fwd", 3584, "bf16"): ("0", "224", "64"),
-    ("fwd", 768, "bf16"): ("0", "32v4", "16", "96"),
-    ("fwd", 896, "bf16"): ("0", "32v4", "16", "224v4"),
-    ("ln_fwd", 768, "bf16"): ("0", "32v4", "96"),
+    # v86 (v85: docs/results/2026-12-02-h200.md, run k; the rules it set ran in l). Leads for the
+    # backward's masked and clustered rows: LayerNorm's at 2880 (78% of copy; 96 x 2 blocks with
+    # a masked chunk, 94% of slots filled, so the narrow-chunk rule does not take it) in 4-byte
+    # chunks over one block; RMSNorm's fused add at 1152 as 288 x 1 of 8 bytes (+6.5% in v83)
+    # and the same shape at 576 and 896; the fused add's LayerNorm backward at 7168 as 128 x 4,
+    # held, both sums in shared memory, capped for 6 blocks (+5.6% in v81).
+    ("ln_bwd", 2880, "bf16"): ("0", "288v2", "160v2", "480v2"),
+    ("add_ln_bwd", 2880, "bf16"): ("0", "288v2", "160v2"),
+    ("add_bwd", 576, "bf16"): ("0", "288v2"),
+    ("add_bwd", 896, "bf16"): ("0", "224v4"),
+    ("add_bwd", 1152, "bf16"): ("0", "288v4"),
+    ("add_ln_bwd", 7168, "bf16"): ("0", "128x4m6r1d3"),
 }
 KERNEL = {"fwd": "rmsnorm_fwd", "bwd": "rmsnorm_bwd", "add_fwd": "fused_add_rmsnorm_fwd",
           "add_bwd": "fused_add_rmsnorm_bwd", "ln_fwd": "layernorm_fwd", "ln_bwd": "layernorm_bwd",
