@@ -100,10 +100,12 @@ class Options:
                 self.tpr < tgt.warp and self.tpr & (self.tpr - 1) == 0))):
             raise ValueError(f"tpr={self.tpr} must be a power of two below the warp ({tgt.warp}) or a "
                              f"multiple of it, at most {MAX_THREADS}")
-        if self.cluster and not (self.cluster & (self.cluster - 1) == 0 and self.cluster <= MAX_CLUSTER):
-            raise ValueError(f"cluster={self.cluster} must be a power of two, at most {MAX_CLUSTER}")
         if self.cluster > 1 and not tgt.clusters:
             raise ValueError(f"cluster={self.cluster}: {self.target} has no thread-block clusters; use cluster=1")
+        top = max(MAX_CLUSTER, tgt.max_cluster)
+        if self.cluster and not (self.cluster & (self.cluster - 1) == 0 and self.cluster <= top):
+            raise ValueError(f"cluster={self.cluster} must be a power of two, at most {top} on {self.target} "
+                             f"({MAX_CLUSTER} portable; past it the driver is asked for a non-portable size)")
         if self.cluster > 1 and self.n % (self.cluster * vec):
             raise ValueError(f"cluster={self.cluster} must split N={self.n} into whole vectors of {vec}")
         _check_int("l2_prefetch", self.l2_prefetch, -1, 1, "choose 1 (on), 0 (off) or -1 (the policy's)")

@@ -145,6 +145,13 @@ class Driver:
         f.argtypes, f.restype = [ctypes.c_void_p, ctypes.c_int, ctypes.c_int], ctypes.c_int
         self.check(f(fn, _MAX_DYNAMIC_SHARED_SIZE_BYTES, shared_bytes), f"{name} ({shared_bytes} bytes of shared memory)")
 
+    def allow_nonportable_cluster(self, fn: ctypes.c_void_p, cluster: int) -> None:
+        """Let the kernel launch in clusters past the portable 8 blocks (H100 and H200: 16)."""
+        name = self.sym["set_attribute"]
+        f = getattr(self.lib, name)
+        f.argtypes, f.restype = [ctypes.c_void_p, ctypes.c_int, ctypes.c_int], ctypes.c_int
+        self.check(f(fn, _NON_PORTABLE_CLUSTER_SIZE_ALLOWED, 1), f"{name} (clusters of {cluster} blocks, non-portable)")
+
     def active_clusters(self, fn: ctypes.c_void_p, block: int, cluster: int, shared_bytes: int = 0) -> int:
         """How many clusters of `cluster` blocks of this kernel the whole GPU runs at once."""
         name = self.sym["cluster_occupancy"]
@@ -193,6 +200,8 @@ def capture_hint(code: int) -> str:
 _BUFFER_POINTER, _BUFFER_SIZE = 1, 2
 # CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, hipFuncAttributeMaxDynamicSharedMemorySize.
 _MAX_DYNAMIC_SHARED_SIZE_BYTES = 8
+# CU_FUNC_ATTRIBUTE_NON_PORTABLE_CLUSTER_SIZE_ALLOWED, and the largest portable cluster.
+_NON_PORTABLE_CLUSTER_SIZE_ALLOWED, _PORTABLE_CLUSTER = 14, 8
 
 
 class _LaunchConfig(ctypes.Structure):
@@ -261,6 +270,8 @@ class LaunchHandle:
         self._config.block_x, self._config.shared_bytes = self.block, self.shared_bytes
         self._stream = 0
         self.active_clusters = 0
+        if self.cluster > _PORTABLE_CLUSTER:
+            self.driver.allow_nonportable_cluster(self.fn, self.cluster)
         if self.cluster > 1:
             self.active_clusters = self.driver.active_clusters(self.fn, self.block, self.cluster, self.shared_bytes)
             self._attr = _ClusterAttribute(self.cluster)

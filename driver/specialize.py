@@ -123,7 +123,8 @@ def common_values(opts: Options) -> dict[str, str]:
     nr = work.sums if work is not None else 1
     return {
         "NR": str(nr),  # fp32 sums per row through the reductions and the cluster exchange
-        "XCH_SLOTS": str(2 * MAX_CLUSTER * nr),  # the exchange's slots: 2 buffers x blocks x sums
+        # The exchange's slots: 2 buffers x blocks x sums, for the portable cluster or a forced larger one.
+        "XCH_SLOTS": str(2 * max(MAX_CLUSTER, lay.cluster) * nr),
         "TARGET": tgt.target_attr,
         "RSQRT_PIECE": tgt.rsqrt_piece,
         # The cross-block piece only where rows are split: a no-op sum otherwise.

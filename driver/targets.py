@@ -38,6 +38,9 @@ class Target:
     # over the blocks of a cluster, which push their partial sums into each other's shared memory
     # (st.async and mbarriers: no cluster barrier per row).
     cluster_piece: str | None = None
+    # The largest cluster a forced layout may take: past the portable 8 blocks, the launch asks the
+    # driver for a non-portable size (H100 and H200: 16). The policy stays within 8 (layout.MAX_CLUSTER).
+    max_cluster: int = 1
     # An L2 prefetch instruction (NVIDIA's prefetch.global.L2), for the rows a block takes next.
     prefetch_piece: str | None = None
     # Asynchronous 16-byte global -> shared copies (cp.async, sm_80+), for staging rows.
@@ -106,7 +109,7 @@ def _nv(chip: str, ptx: str, clusters: bool) -> Target:
         convert_pass="convert-gpu-to-nvvm{use-bare-ptr-memref-call-conv=1}",
         rsqrt_piece="common/rsqrt_nvvm.mlir", atomic_scope="device", atomic_attrs="",
         binary_formats=("bin", "isa"), isa_suffix=".ptx", bin_suffix=".cubin",
-        cluster_piece="common/cluster_push_nvvm.mlir" if clusters else None,
+        cluster_piece="common/cluster_push_nvvm.mlir" if clusters else None, max_cluster=16 if clusters else 1,
         prefetch_piece="common/prefetch_nvvm.mlir", stage_piece="common/stage_nvvm.mlir",
         min_blocks_attr=", nvvm.minctasm = {} : i32", policy_piece="common/cache_policy_nvvm.mlir",
         hint_io_piece="common/hint_io_nvvm.mlir",

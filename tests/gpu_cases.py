@@ -22,8 +22,9 @@ ALIGN_CASES = ((4096, 4096, 1), (4096, 4100, 0), (4096, 4104, 0), (1023, 1023, 0
 # (N, blocks per row, dtype) forced through NORMIR_TPR: rows split over thread-block clusters of
 # every size, with a masked tail (2880 / 4: 90 chunks per block), f32, and 65536 kept in one block
 # (the layout sm_80 gets: x, dy re-read and the dw sums in memory), which the H200's own policy
-# no longer reaches.
-CLUSTER_CASES = ((2880, 4, "bf16"), (5120, 2, "f32"), (8192, 8, "bf16"), (65536, 1, "bf16"), (65536, 8, "f16"))
+# no longer reaches; 65536 over 16, a non-portable cluster (the launch asks the driver for it).
+CLUSTER_CASES = ((2880, 4, "bf16"), (5120, 2, "f32"), (8192, 8, "bf16"), (65536, 1, "bf16"), (65536, 8, "f16"),
+                 (65536, 16, "bf16"))
 # (N, dtype, forward layout, backward layout) forced through NORMIR_TPR where the policy does
 # not go: staging off where it is on and on where it is off, hints, register caps, clusters.
 FORCED_CASES = (
@@ -301,12 +302,14 @@ def layer_bwd(n, x, r=None, w="", b=None, s=None, o=None, **kw) -> list[dict]:
 # LayerNorm's backward with db's sums in shared memory, forced on layouts the policy does not give
 # it (the policy's own: 1024, 2048, 4096 plain; 2880, 4096 fused, in FWD_N and LN_FUSED_N):
 # test_db_sums_in_shared_memory runs each, scripts/sanitize.py those of SANITIZE_LN's N.
-# db_smem 2 and 3: the slots in 16-byte quarters (db's; dw's too), 16384's in the sanitizer.
+# db_smem 2 and 3: the slots in 16-byte quarters (db's; dw's too), 16384's in the sanitizer; 65536
+# over a non-portable cluster of 16 (2 chunks a thread, so both sums fit the slots), there too.
 DB_SMEM_CASES = ((1024, dict(tpr=64, db_smem=1)), (2880, dict(tpr=96, cluster=2, cache_row=1, db_smem=1)),
                  (4096, dict(tpr=128, db_smem=1)), (4096, dict(tpr=256, cache_row=0, db_smem=1)),
                  (8192, dict(tpr=256, cluster=2, db_smem=1)), (32768, dict(tpr=256, cluster=8, db_smem=1)),
                  (1024, dict(tpr=64, db_smem=2)), (4096, dict(tpr=128, db_smem=3)),
-                 (16384, dict(tpr=256, cluster=4, db_smem=3)))
+                 (16384, dict(tpr=256, cluster=4, db_smem=3)),
+                 (65536, dict(tpr=256, cluster=16, min_blocks=3, db_smem=3)))
 
 
 def _forced_bwd(specs: list[dict], knobs: dict) -> list[dict]:

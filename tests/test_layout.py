@@ -224,7 +224,8 @@ def _check_invariants(o: Options) -> None:
     assert n % lay.vec == 0 and lay.nsub * lay.cluster == n and lay.nchunk * lay.vec == lay.nsub
     assert lay.tpr * lay.k * lay.vec >= lay.nsub, "the chunk rounds do not cover the block's share"
     assert lay.kfull * lay.tpr * lay.vec <= lay.nsub, "an unmasked chunk falls past the share's end"
-    assert lay.cluster & (lay.cluster - 1) == 0 and lay.cluster <= S.MAX_CLUSTER
+    assert lay.cluster & (lay.cluster - 1) == 0 and lay.cluster <= max(S.MAX_CLUSTER, tgt.max_cluster)
+    assert o.cluster or lay.cluster <= S.MAX_CLUSTER, "the policy's clusters stay portable"
     if lay.cluster > 1:  # the cluster piece exchanges one total per block: one row, whole warps
         assert tgt.clusters and lay.rows == 1 and lay.tpr % lay.warp == 0
     assert (lay.k - 1) * lay.tpr < lay.nchunk, "a chunk round is entirely masked"
@@ -339,8 +340,13 @@ def test_forced_cluster(kernel):
             assert o.layout.cluster == c and o.layout.nsub == n // c
             _check_invariants(o)
     assert Options(kernel=kernel, n=4096, cluster=2).digest() != Options(kernel=kernel, n=4096).digest()
-    for bad, msg in ((dict(cluster=3), r"^cluster=3 must be a power of two, at most 8"),
-                     (dict(cluster=16), r"^cluster=16 must be a power of two"),
+    # Past the portable 8 blocks: 16 where the target allows a non-portable size (sm_90), forced only.
+    o = Options(kernel=kernel, n=65536, cluster=16)
+    assert o.layout.cluster == 16 and o.layout.nsub == 4096
+    _check_invariants(o)
+    for bad, msg in ((dict(cluster=3), r"^cluster=3 must be a power of two, at most 16 on sm_90 \(8 portable"),
+                     (dict(cluster=32, n=65536), r"^cluster=32 must be a power of two, at most 16"),
+                     (dict(cluster=16, target="sm_80"), r"^cluster=16: sm_80 has no thread-block clusters"),
                      (dict(cluster=2, target="gfx950"), r"^cluster=2: gfx950 has no thread-block clusters"),
                      (dict(cluster=2, target="sm_80"), r"^cluster=2: sm_80 has no"),
                      (dict(n=4104, cluster=2), r"^cluster=2 must split N=4104 into whole vectors of 8"),

@@ -394,6 +394,20 @@ def test_cluster_launch_carries_the_cluster_dimension():
     assert lib.launches[1]["attrs"] == []
 
 
+def test_cluster_past_the_portable_size_asks_for_a_non_portable_one():
+    # CU_FUNC_ATTRIBUTE_NON_PORTABLE_CLUSTER_SIZE_ALLOWED (14) = 1, before the cluster occupancy
+    # query and the launch, only past 8 blocks.
+    lib = FakeCuda()
+    d = Driver("cuda", lib=lib)
+    fn = d.function(0, "k", b"bin", "rmsnorm_bwd")
+    LaunchHandle(d, fn, "rmsnorm_bwd", 256, ("a",), ("p",), cluster=8)
+    assert lib.called("cuFuncSetAttribute") == []
+    h = LaunchHandle(d, fn, "rmsnorm_bwd", 256, ("a",), ("p",), cluster=16)
+    assert [args[1:] for args in lib.called("cuFuncSetAttribute")] == [(14, 1)]
+    h.launch_named(16, 0, a=1)
+    assert lib.launches[0]["attrs"] == [(4, 16, 1, 1)]
+
+
 @pytest.mark.parametrize("vendor, fake, setattr_name", [("cuda", lambda: FakeCuda(), "cuFuncSetAttribute"),
                                                         ("hip", lambda: FakeHip(), "hipFuncSetAttribute")])
 def test_dynamic_shared_memory(vendor, fake, setattr_name):
