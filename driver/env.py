@@ -44,7 +44,8 @@ NO_COMPILE = EnvVar(
 )
 TPR = EnvVar(
     "NORMIR_TPR", "",
-    "tuning: threads per row, optionally blocks per row (a cluster) after an x, the L2 prefetch "
+    "tuning: threads per row, optionally blocks per row (a cluster, up to 8; 16 on sm_90, a "
+    "non-portable size) after an x, the L2 prefetch "
     "(p1 on, p0 off), shared-memory staging (s1, s0), blocks per multiprocessor the registers must "
     "allow (m2), cache hints (h0-h55, see Options.hints), a narrower vector (v4: elements), the "
     "backward's chunks loaded inside the cluster exchange (o2), the row held in registers (r1) "
