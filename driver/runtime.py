@@ -138,19 +138,19 @@ class Driver:
         self.check(f(ctypes.byref(n), fn, block, shared_bytes), self.sym["occupancy"])
         return max(1, n.value)
 
-    def allow_shared(self, fn: ctypes.c_void_p, shared_bytes: int) -> None:
-        """Let the kernel take more dynamic shared memory than the default 48 KB."""
+    def _set_attribute(self, fn: ctypes.c_void_p, attribute: int, value: int, what: str) -> None:
         name = self.sym["set_attribute"]
         f = getattr(self.lib, name)
         f.argtypes, f.restype = [ctypes.c_void_p, ctypes.c_int, ctypes.c_int], ctypes.c_int
-        self.check(f(fn, _MAX_DYNAMIC_SHARED_SIZE_BYTES, shared_bytes), f"{name} ({shared_bytes} bytes of shared memory)")
+        self.check(f(fn, attribute, value), f"{name} ({what})")
+
+    def allow_shared(self, fn: ctypes.c_void_p, shared_bytes: int) -> None:
+        """Let the kernel take more dynamic shared memory than the default 48 KB."""
+        self._set_attribute(fn, _MAX_DYNAMIC_SHARED_SIZE_BYTES, shared_bytes, f"{shared_bytes} bytes of shared memory")
 
     def allow_nonportable_cluster(self, fn: ctypes.c_void_p, cluster: int) -> None:
         """Let the kernel launch in clusters past the portable 8 blocks (H100 and H200: 16)."""
-        name = self.sym["set_attribute"]
-        f = getattr(self.lib, name)
-        f.argtypes, f.restype = [ctypes.c_void_p, ctypes.c_int, ctypes.c_int], ctypes.c_int
-        self.check(f(fn, _NON_PORTABLE_CLUSTER_SIZE_ALLOWED, 1), f"{name} (clusters of {cluster} blocks, non-portable)")
+        self._set_attribute(fn, _NON_PORTABLE_CLUSTER_SIZE_ALLOWED, 1, f"clusters of {cluster} blocks, non-portable")
 
     def active_clusters(self, fn: ctypes.c_void_p, block: int, cluster: int, shared_bytes: int = 0) -> int:
         """How many clusters of `cluster` blocks of this kernel the whole GPU runs at once."""
