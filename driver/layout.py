@@ -266,7 +266,7 @@ def _db_smem(opts: Options, lay: Layout, tgt: targets.Target, work: RowWork, per
                              f"{'registers' if lay.dw_regs else 'memory'}, {'staged' if lay.stage else 'not staged'}"
                              f", {need} bytes); use -1 or 0, or stage=0")
         return replace(lay, db_smem=min(opts.db_smem, 1 + moved))  # 3 without a weight: 2
-    full = lay.kfull == lay.k  # every thread the same chunks (no masked one)
+    full = _full(lay)
     sums_regs = lay.k * lay.vec * col_sums(work, opts)  # fp32 column sums per thread (dw's and db's)
     if not (persistent and tgt.min_blocks_attr and opts.has_weight and lay.dw_regs and not lay.stage
             and need <= MAX_DB_SMEM_BYTES and lay.k <= 2 and sums_regs >= BWD_SPLIT_DW):
