@@ -65,6 +65,7 @@ BWD_WIDE_WARPS = 4  # persistent rows with a wider row summary: warps per block 
 # 16-byte chunks (measured up to 480).
 FWD_EVEN_MAX_ELEMENTS, FWD_EVEN_MIN_K, FWD_EVEN_MAX_CHUNKS = 100, 4, 512
 BWD_NARROW_MAX_FILL = 0.8  # a backward's masked rows take narrower chunks up to this share of slots filled (_even_bwd)
+BWD_HALF_MAX_FILL = 0.875  # the fused add's masked rows take half-width chunks up to this share filled (_even_bwd)
 
 
 @dataclass(frozen=True)
@@ -373,7 +374,33 @@ def bwd_layout(opts: Options, tgt: targets.Target, work: RowWork) -> Layout:
 
     c = _split(n, vec, tgt, opts.cluster, tpr, too_big)
     lay = _clustered(share(c), c)
-    return lay if tpr or opts.cluster else _even_bwd(opts, tgt, work, lay)
+    return lay if tpr or opts.cluster else _pow2_warps(opts, tgt, work, _even_bwd(opts, tgt, work, lay))
+
+
+def _pow2_warps(opts: Options, tgt: targets.Target, work: RowWork, lay: Layout) -> Layout:
+    """The fused add's LayerNorm backward (dw's and db's sums, reading d_residual_out) over 2
+    blocks of 5-7 warps goes to 4 blocks of BWD_WIDE_WARPS warps instead: its rows held, both sums
+    in shared memory (DB_SMEM 3, which _db_smem refuses over clusters of 3, 6 or 7 warps, where it
+    spilled; w no wider than x, as there), capped for the blocks DB_SMEM_REGS_BOTH allows. Taken
+    where that holds more rows at once than the sums in registers (BWD_SUMS_REGS) do: 6 and 7
+    warps (2 blocks, one row a multiprocessor, against 6 blocks of 4 warps, 1.5 rows), not 5 (3
+    blocks, 1.5 rows). The masked chunk this may leave costs less than the rows gain. On the H200
+    (bf16, weight and bias; GB/s against 2 blocks of 5-7 warps; *tune-v81*, -v86, -v87):
+    6144 as 128 x 4 3188-3216 against 3109-3141, 6656 3330-3347 against 1935-1971, 7168
+    3464-3492 against 3262-3300, though ptxas spills 8 bytes at that cap
+    (tests/test_sm90_spill.py). 5 warps lost (5120: 2834-2855 against 3390-3433) or, with a
+    masked chunk, gained (4608: 2604-2612 against 2423-2495; not taken). LayerNorm's own backward
+    lost in that shape (7168: 3202-3238 against 3325-3360)."""
+    c = 2 * lay.cluster
+    if not (tgt.min_blocks_attr and lay.cluster == 2 and opts.has_dres_out and col_sums(work, opts) > 1
+            and DTYPES[opts.wdtype] <= DTYPES[opts.dtype] and lay.wpr > BWD_WIDE_WARPS and lay.wpr & (lay.wpr - 1)
+            and opts.n % (c * lay.vec) == 0):
+        return lay
+    new = _clustered(_bwd_block_layout(opts.n // c, lay.vec, tgt, work, opts, BWD_WIDE_WARPS * lay.warp), c)
+    if 2 * new.k * new.block * new.vec * 4 > MAX_DB_SMEM_BYTES \
+            or _resident(tgt, new, DB_SMEM_REGS_BOTH) * lay.cluster <= _resident(tgt, lay, BWD_SUMS_REGS) * c:
+        return lay
+    return replace(new, cache_row=True, db_smem=3, min_blocks=_resident(tgt, new, DB_SMEM_REGS_BOTH))
 
 
 def _full(lay: Layout) -> bool:
@@ -400,11 +427,23 @@ def _even_bwd(opts: Options, tgt: targets.Target, work: RowWork, lay: Layout) ->
       the fused add's 3226-3248 against 3455-3467, LayerNorm's 3533-3546 against 3456-3489; 1920
       (94%) as 160 x 3 of 8 bytes 3483-3516 against 3545-3559 (*tune-v84*). With one column sum
       (RMSNorm's) they lost: 1152 as 96 x 3 3752 against 3847, 1600 as 160 x 5 of 4 bytes
-      3402-3469 against 3694-3708 for the fused add."""
+      3402-3469 against 3694-3708 for the fused add.
+    - chunks of half the width at one a thread, where they fill whole warps and the masked layout
+      fills at most BWD_HALF_MAX_FILL of its slots, for RMSNorm's fused add (one column sum,
+      reading d_residual_out; *tune-v83*, -v86, -v87): 1152 (75%) as 288 x 1 of 8 bytes 3842-3865
+      against 3581-3627, 896 (88%) as 224 x 1 3864-3888 against 3780-3818, 1664 (81%) as 416 x 1
+      3799-3815 against 3772-3812. Fuller ones tied or lost: 1408 (92%) as 352 x 1 3808-3849
+      against 3757-3828, 1920 (94%) as 480 x 1 3657-3683 against 3845-3868. The same shape lost
+      for RMSNorm's own backward (1152: 3609 against 3847), and 4-byte chunks lost at 576 (288 x
+      1: 2934-2940 against 3231-3269)."""
     if not (tgt.is_nvidia and lay.cluster == 1 and lay.rows == 1 and not _full(lay) and lay.nchunk <= 256):
         return lay
     if lay.nchunk % lay.warp == 0:
         return _bwd_block_layout(opts.n, lay.vec, tgt, work, opts, lay.nchunk)
+    half = lay.vec // 2
+    if opts.has_dres_out and col_sums(work, opts) == 1 and lay.nchunk <= BWD_HALF_MAX_FILL * lay.tpr * lay.k \
+            and half and opts.n % (half * lay.warp) == 0 and opts.n // half <= MAX_THREADS:
+        return _bwd_block_layout(opts.n, half, tgt, work, opts, opts.n // half)
     if col_sums(work, opts) > 1 and lay.nchunk <= BWD_NARROW_MAX_FILL * lay.tpr * lay.k:
         for vec in (lay.vec // 2, lay.vec // 4):
             for t in range(lay.tpr, 2 * lay.tpr + 1, lay.warp):

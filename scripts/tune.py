@@ -20,27 +20,22 @@ import os
 import sys
 
 VARIANTS = {  # (op, N, dtype): layouts to compare, as NORMIR_TPR values ("0": the policy's)
-    # v86 (v85: docs/results/2026-12-02-h200.md, run k; the rules it set ran in l). Leads for the
-    # backward's masked and clustered rows: LayerNorm's at 2880 (78% of copy; 96 x 2 blocks with
-    # a masked chunk, 94% of slots filled, so the narrow-chunk rule does not take it) in 4-byte
-    # chunks over one block; RMSNorm's fused add at 1152 as 288 x 1 of 8 bytes (+6.5% in v83)
-    # and the same shape at 576 and 896; the fused add's LayerNorm backward at 7168 as 128 x 4,
-    # held, both sums in shared memory, capped for 6 blocks (+5.6% in v81).
-    ("ln_bwd", 2880, "bf16"): ("0", "288v2", "160v2", "480v2"),
-    ("add_ln_bwd", 2880, "bf16"): ("0", "288v2", "160v2"),
-    ("add_bwd", 576, "bf16"): ("0", "288v2"),
-    ("add_bwd", 896, "bf16"): ("0", "224v4"),
-    ("add_bwd", 1152, "bf16"): ("0", "288v4"),
-    ("add_ln_bwd", 7168, "bf16"): ("0", "128x4m6r1d3"),
-    # Rows over a non-portable cluster of 16 blocks (forced only; last, so that a launch the driver
-    # refuses cannot cost the rest): 2 chunks a thread at 65536 (1 at 32768), so that d3's slots
-    # fit and 3 blocks of 256 share a multiprocessor (the policy's 65536: 256 x 8, 4 chunks, sums
-    # in registers, 69% of copy for LayerNorm's backward, 63% for its fused add's, 87% for
-    # RMSNorm's fused add's as 512 x 4).
-    ("ln_bwd", 32768, "bf16"): ("0", "256x16m3d3"),
-    ("ln_bwd", 65536, "bf16"): ("0", "256x16m3d3"),
-    ("add_ln_bwd", 65536, "bf16"): ("0", "256x16m3r1d3"),
-    ("add_bwd", 65536, "bf16"): ("0", "256x16"),
+    # v87 (v86: docs/results/2026-12-02-h200.md, run m). The rules v86 set, each against the layout
+    # it replaced (forced): RMSNorm's fused add's backward in 8-byte chunks at one a thread
+    # (896-1920; 1408, 1664 and 1920 not measured before); the fused add's LayerNorm backward in
+    # 4 blocks of 4 warps, held, d3, capped for 6 (4608-7168; only 7168 measured before), and
+    # LayerNorm's own backward in that shape at 7168 (capped at the default, it lost in v81).
+    ("add_bwd", 896, "bf16"): ("0", "64"),
+    ("add_bwd", 1152, "bf16"): ("0", "96"),
+    ("add_bwd", 1408, "bf16"): ("0", "96"),
+    ("add_bwd", 1664, "bf16"): ("0", "128"),
+    ("add_bwd", 1920, "bf16"): ("0", "128"),
+    ("add_ln_bwd", 4608, "bf16"): ("0", "160x2"),
+    ("add_ln_bwd", 5120, "bf16"): ("0", "160x2"),
+    ("add_ln_bwd", 6144, "bf16"): ("0", "192x2"),
+    ("add_ln_bwd", 6656, "bf16"): ("0", "224x2"),
+    ("add_ln_bwd", 7168, "bf16"): ("0", "224x2"),
+    ("ln_bwd", 7168, "bf16"): ("0", "128x4m6r1d3"),
 }
 KERNEL = {"fwd": "rmsnorm_fwd", "bwd": "rmsnorm_bwd", "add_fwd": "fused_add_rmsnorm_fwd",
           "add_bwd": "fused_add_rmsnorm_bwd", "ln_fwd": "layernorm_fwd", "ln_bwd": "layernorm_bwd",

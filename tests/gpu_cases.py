@@ -275,17 +275,20 @@ LN_STATS_N = (100, 2880, 65536)
 LN_ACCURACY_N = (1024, 4096)
 LN_BIT_N = (1024, 65536)
 # 1280, 2560: the fused add's forward held over 1 and 5 warps (32 x 5, 160 x 2); 4096: its backward
-# with db's sums in shared memory, capped; 32768: its forward held over a 4-block cluster.
-LN_FUSED_N = (*FUSED_N, 1280, 2560, 4096, 32768)
+# with db's sums in shared memory, capped; 6144, 7168: its backward's rows of 6 and 7 warps over 4
+# blocks of 4 warps, held, both sums in shared memory (layout._pow2_warps); 32768: its forward held
+# over a 4-block cluster.
+LN_FUSED_N = (*FUSED_N, 1280, 2560, 4096, 6144, 7168, 32768)
 # scripts/sanitize.py: (N, x's dtype): several rows per block with narrow vectors (100), rows
 # split evenly (1600: the forward 16 threads a row, the backward 4-byte chunks; 2560: the fused
 # add's forward held at 2 chunks a thread), a masked tail (2880), rows in registers (4096),
-# multi-warp rows (16384), rows over clusters of 2 / 4 / 8 blocks (32768, 65536, 131072 in f32);
+# multi-warp rows (16384), the fused add's backward over 4 blocks of 4 warps with a masked chunk
+# (7168), rows over clusters of 2 / 4 / 8 blocks (32768, 65536, 131072 in f32);
 # each with every SANITIZE_LN_COMBOS entry, (name, weight, bias, the residual's dtype, "x" for
 # x's, or None): weight and bias of x's type; the fused add gets d_residual_out. Atomic column
 # sums at SANITIZE_LN_ATOMIC_N (bf16), with and without an fp32 residual.
-SANITIZE_LN = ((100, "bf16"), (1600, "bf16"), (2560, "bf16"), (2880, "bf16"), (4096, "f16"), (16384, "bf16"),
-               (32768, "bf16"), (65536, "bf16"), (131072, "f32"))
+SANITIZE_LN = ((100, "bf16"), (1600, "bf16"), (2560, "bf16"), (2880, "bf16"), (4096, "f16"), (7168, "bf16"),
+               (16384, "bf16"), (32768, "bf16"), (65536, "bf16"), (131072, "f32"))
 SANITIZE_LN_COMBOS = (("plain", True, False, None), ("bias", True, True, None), ("no weight", False, False, None),
                       ("fused f32 residual", True, True, "f32"), ("fused", True, True, "x"))
 SANITIZE_LN_ATOMIC_N = (4096, 32768)

@@ -189,10 +189,10 @@ def test_policy_moves_db_sums_where_a_block_is_gained(n, dres, db_smem, blocks, 
     lay = Options(kernel="layernorm_bwd", n=n, bdtype="f32", has_dres_out=dres).layout
     assert (lay.db_smem, lay.min_blocks, lay.k, lay.cache_row) == (db_smem, blocks, 2, held)
     # Not where no block is gained or the cap spilled (tests/test_sm90_spill.py): held rows with
-    # a masked chunk (2880), over a cluster in 3 or 7 warps (3072, 7168), beside an fp32 weight
-    # over a cluster (4096); not in fp32 rows (64-72 registers already), not without a bias or a
-    # weight, not on gfx950 (measured on the H200 only).
-    for kw in (dict(n=2880), dict(n=3072), dict(n=7168), dict(n=4096, wdtype="f32"), dict(n=7168, has_dres_out=True),
+    # a masked chunk (2880, the fused add's 7680 over a cluster), over a cluster in 3 or 7 warps
+    # (3072, 7168), beside an fp32 weight over a cluster (4096); not in fp32 rows (64-72 registers
+    # already), not without a bias or a weight, not on gfx950 (measured on the H200 only).
+    for kw in (dict(n=2880), dict(n=3072), dict(n=7168), dict(n=4096, wdtype="f32"), dict(n=7680, has_dres_out=True),
                dict(n=1024, dtype="f32"), dict(n=2048, has_weight=False), dict(n=1024, target="gfx950")):
         other = Options(kernel="layernorm_bwd", **{"bdtype": "f32", **kw}).layout
         assert not other.db_smem and not other.min_blocks, kw
@@ -258,18 +258,53 @@ def test_backward_short_rows_of_a_masked_chunk_split_evenly(kernel, extra):
         lay = Options(kernel=kernel, n=n, **extra).layout
         assert (lay.tpr, lay.vec, lay.k, lay.kfull, lay.cluster) == (tpr, 8, 1, 1, 1), (n, lay)
     # Else narrower chunks over as many threads or up to twice as many, with dw's and db's sums
-    # (1152 as 96 x 3 of 8 bytes, 1600 as 160 x 5 of 4); with one sum the masked rows stay.
+    # (1152 as 96 x 3 of 8 bytes, 1600 as 160 x 5 of 4); with one sum, RMSNorm's fused add takes
+    # 8-byte chunks at one a thread (1152 as 288 x 1), RMSNorm's own keeps the masked rows.
     for n, shape in ((1152, (96, 4, 3)), (1600, (160, 2, 5))):
         lay = Options(kernel=kernel, n=n, **extra).layout
         if "bdtype" in extra:
             assert (lay.tpr, lay.vec, lay.k, lay.kfull) == (*shape, shape[2]), (n, lay)
+        elif n == 1152 and "has_dres_out" in extra:
+            assert (lay.tpr, lay.vec, lay.k, lay.kfull) == (288, 4, 1, 1), (n, lay)
         else:
             assert (lay.vec, lay.k, lay.kfull) == (8, 2, 1), (n, lay)
     # Not on gfx950 (not measured), nor a forced layout, nor rows past 256 chunks (2880: 360), nor
-    # masked rows that fill over 80% of their slots (896: 112 of 128, 1920: 240 of 256).
-    for kw in (dict(n=768, target="gfx950"), dict(n=768, tpr=64), dict(n=2880), dict(n=896), dict(n=1920)):
+    # masked rows that fill over 80% of their slots (1920: 240 of 256; 896, 112 of 128, but for
+    # RMSNorm's fused add's half-width rule, 7/8).
+    half = "has_dres_out" in extra and "bdtype" not in extra
+    others = (dict(n=768, target="gfx950"), dict(n=768, tpr=64), dict(n=2880), dict(n=1920))
+    for kw in others + ((dict(n=896),) if not half else ()):
         lay = Options(kernel=kernel, **{**extra, **kw}).layout
         assert lay.k != lay.kfull, (kw, lay)
+
+
+def test_fused_add_backward_rows_take_half_width_chunks_where_the_slots_fill_little():
+    # RMSNorm's fused add (one column sum, d_residual_out read): 8-byte chunks at one a thread
+    # where they fill whole warps and the masked rows fill at most 7/8 of their slots (896: 112 of
+    # 128, 1664: 208 of 256); not fuller ones (1408: 176 of 192, 1920: 240 of 256), not without
+    # d_residual_out, not with a bias (two sums: the narrow-chunk rule), not on gfx950.
+    def lay(n, **kw):
+        return Options(kernel="fused_add_rmsnorm_bwd", n=n, **{"has_dres_out": True, **kw}).layout
+
+    assert [(lay(n).tpr, lay(n).vec, lay(n).k) for n in (896, 1664)] == [(224, 4, 1), (416, 4, 1)]
+    for n, kw in ((1408, {}), (1920, {}), (896, dict(has_dres_out=False)), (896, dict(target="gfx950"))):
+        assert (lay(n, **kw).vec, lay(n, **kw).k) == (8, 2), (n, kw)
+    assert lay(1664, bdtype="bf16").vec == 8
+
+
+def test_fused_layernorm_backward_over_6_or_7_warps_goes_to_4_blocks_of_4():
+    # The fused add's LayerNorm backward over 2 blocks of 6 or 7 warps (6144, 6656, 7168): 4 blocks
+    # of 4 warps, held, both sums in shared memory, capped for 6 blocks; not 5 warps (5120, 4608),
+    # not LayerNorm's own, not beside an fp32 weight, not without a bias, not on gfx950.
+    def lay(n, **kw):
+        return Options(kernel="layernorm_bwd", n=n, **{"bdtype": "f32", "has_dres_out": True, **kw}).layout
+
+    for n in (5632, 6144, 6656, 7168):
+        got = lay(n)
+        assert (got.tpr, got.cluster, got.k, got.cache_row, got.db_smem, got.min_blocks) == (128, 4, 2, True, 3, 6), n
+    for n, kw in ((5120, {}), (4608, {}), (7168, dict(has_dres_out=False)), (7168, dict(wdtype="f32")),
+                  (7168, dict(bdtype="")), (7168, dict(target="gfx950"))):
+        assert lay(n, **kw).tpr != 128 and not lay(n, **kw).db_smem, (n, kw)
 
 
 def test_backward_rows_split_over_a_cluster_only_where_the_halves_are_even():
