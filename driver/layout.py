@@ -65,6 +65,8 @@ BWD_WIDE_WARPS = 4  # persistent rows with a wider row summary: warps per block 
 # 16-byte chunks (measured up to 480).
 FWD_EVEN_MAX_ELEMENTS, FWD_EVEN_MIN_K, FWD_EVEN_MAX_CHUNKS = 100, 4, 512
 BWD_NARROW_MAX_FILL = 0.8  # a backward's masked rows take narrower chunks up to this share of slots filled (_even_bwd)
+BWD_NARROW_K = 5  # 4-byte chunks a thread, at most, of LayerNorm's backward rows in one block (_even_halves)
+BWD_NARROW_REGS = 64  # registers a thread of those rows (ptxas: 45-62, bf16, 2112-3520)
 BWD_HALF_MAX_FILL = 0.875  # the fused add's masked rows take half-width chunks up to this share filled (_even_bwd)
 
 
@@ -374,7 +376,36 @@ def bwd_layout(opts: Options, tgt: targets.Target, work: RowWork) -> Layout:
 
     c = _split(n, vec, tgt, opts.cluster, tpr, too_big)
     lay = _clustered(share(c), c)
-    return lay if tpr or opts.cluster else _pow2_warps(opts, tgt, work, _even_bwd(opts, tgt, work, lay))
+    if tpr or opts.cluster:
+        return lay
+    for rule in (_even_bwd, _even_halves, _pow2_warps):  # each takes the layouts of its own rows
+        lay = rule(opts, tgt, work, lay)
+    return lay
+
+
+def _even_halves(opts: Options, tgt: targets.Target, work: RowWork, lay: Layout) -> Layout:
+    """LayerNorm's 16-bit backward (dw's and db's sums) held over 2 blocks with a masked chunk goes
+    to one block in 4-byte chunks, the fewest whole warps at up to BWD_NARROW_K a thread, re-read,
+    where that holds more rows at once (at BWD_NARROW_REGS registers) than the 2 blocks at
+    BWD_SUMS_REGS (ptxas: 128, 16 bytes spilled at 2880; the 4-byte rows 45-62, none). On the
+    H200 (bf16, weight and bias; *tune-v86*, -v88, -v89), GB/s against 96-160 x 2: 2240 as 224 x
+    5, 4 rows a multiprocessor against 2.5, 3421-3440 against 2768-2790; 2304 as 288 x 4, 3297-3305
+    against 2867-2870; 2880 as 288 x 5, 3 rows, 3355-3390 against 3247-3277; 3200 as 320 x 5, 3
+    rows against 2, 3334-3347 against 3091; 4160 as 416 x 5, 2 rows against 1.5, 3203-3215
+    against 2989-2990. Not at 2 rows against 2 (3520 as 352 x 5: 3114-3136 against 3235-3259),
+    nor at 3 chunks a thread (2880 as 480 x 3: 2799-2802)."""
+    if not (tgt.is_nvidia and lay.cluster == 2 and lay.cache_row and not _full(lay) and _wide_sums(work, opts)
+            and col_sums(work, opts) > 1 and DTYPES[opts.dtype] == 2):
+        return lay
+    vec = 4 // DTYPES[opts.dtype]
+    nchunk = opts.n // vec
+    tprs = [t for t in range(lay.warp, MAX_THREADS + 1, lay.warp) if nchunk % t == 0 and nchunk // t <= BWD_NARROW_K]
+    if not tprs:
+        return lay
+    new = _bwd_block_layout(opts.n, vec, tgt, work, opts, tprs[0])
+    if _resident(tgt, new, BWD_NARROW_REGS) * lay.cluster <= _resident(tgt, lay, BWD_SUMS_REGS):
+        return lay
+    return new
 
 
 def _pow2_warps(opts: Options, tgt: targets.Target, work: RowWork, lay: Layout) -> Layout:

@@ -20,22 +20,14 @@ import os
 import sys
 
 VARIANTS = {  # (op, N, dtype): layouts to compare, as NORMIR_TPR values ("0": the policy's)
-    # v87 (v86: docs/results/2026-12-02-h200.md, run m). The rules v86 set, each against the layout
-    # it replaced (forced): RMSNorm's fused add's backward in 8-byte chunks at one a thread
-    # (896-1920; 1408, 1664 and 1920 not measured before); the fused add's LayerNorm backward in
-    # 4 blocks of 4 warps, held, d3, capped for 6 (4608-7168; only 7168 measured before), and
-    # LayerNorm's own backward in that shape at 7168 (capped at the default, it lost in v81).
-    ("add_bwd", 896, "bf16"): ("0", "64"),
-    ("add_bwd", 1152, "bf16"): ("0", "96"),
-    ("add_bwd", 1408, "bf16"): ("0", "96"),
-    ("add_bwd", 1664, "bf16"): ("0", "128"),
-    ("add_bwd", 1920, "bf16"): ("0", "128"),
-    ("add_ln_bwd", 4608, "bf16"): ("0", "160x2"),
-    ("add_ln_bwd", 5120, "bf16"): ("0", "160x2"),
-    ("add_ln_bwd", 6144, "bf16"): ("0", "192x2"),
-    ("add_ln_bwd", 6656, "bf16"): ("0", "224x2"),
-    ("add_ln_bwd", 7168, "bf16"): ("0", "224x2"),
-    ("ln_bwd", 7168, "bf16"): ("0", "128x4m6r1d3"),
+    # v89 (v88: docs/results/2026-12-02-h200.md, run r). The rule v88 set (layout._even_halves:
+    # LayerNorm's backward held over 2 blocks with a masked chunk goes to one block of 4-byte
+    # chunks where that holds more rows at once) against the layout it replaced, forced: 2240
+    # (measured in v88), 2304, 3200, 4160 (not measured before).
+    ("ln_bwd", 2240, "bf16"): ("0", "96x2"),
+    ("ln_bwd", 2304, "bf16"): ("0", "96x2"),
+    ("ln_bwd", 3200, "bf16"): ("0", "128x2"),
+    ("ln_bwd", 4160, "bf16"): ("0", "160x2"),
 }
 KERNEL = {"fwd": "rmsnorm_fwd", "bwd": "rmsnorm_bwd", "add_fwd": "fused_add_rmsnorm_fwd",
           "add_bwd": "fused_add_rmsnorm_bwd", "ln_fwd": "layernorm_fwd", "ln_bwd": "layernorm_bwd",
