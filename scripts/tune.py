@@ -20,14 +20,18 @@ import os
 import sys
 
 VARIANTS = {  # (op, N, dtype): layouts to compare, as NORMIR_TPR values ("0": the policy's)
-    # v89 (v88: docs/results/2026-12-02-h200.md, run r). The rule v88 set (layout._even_halves:
-    # LayerNorm's backward held over 2 blocks with a masked chunk goes to one block of 4-byte
-    # chunks where that holds more rows at once) against the layout it replaced, forced: 2240
-    # (measured in v88), 2304, 3200, 4160 (not measured before).
-    ("ln_bwd", 2240, "bf16"): ("0", "96x2"),
-    ("ln_bwd", 2304, "bf16"): ("0", "96x2"),
-    ("ln_bwd", 3200, "bf16"): ("0", "128x2"),
-    ("ln_bwd", 4160, "bf16"): ("0", "160x2"),
+    # v90 (v89: docs/results/2026-12-02-h200.md, run s). Layouts that hold more rows a
+    # multiprocessor at once than the policy's, by ptxas's registers (docs/tuning.md, "rows at
+    # once"), where the policy's hold few bytes in flight: LayerNorm's backward and its fused
+    # add's at 4608 (1.5 and 1 rows against 2) in 8-byte chunks over 2 blocks or 4-byte over one;
+    # LayerNorm's at 6144 (1 row against 1.5) as 96 x 4 of 8 bytes; RMSNorm's fused add at 1600
+    # (87-89% of copy; 5 rows against 8) and 4608 (3 against 4), RMSNorm's at 5632 (2 against 3).
+    ("ln_bwd", 4608, "bf16"): ("0", "192x2v4", "288v2"),
+    ("add_ln_bwd", 4608, "bf16"): ("0", "192x2v4"),
+    ("ln_bwd", 6144, "bf16"): ("0", "96x4v4"),
+    ("add_bwd", 1600, "bf16"): ("0", "160v2"),
+    ("add_bwd", 4608, "bf16"): ("0", "192v4"),
+    ("bwd", 5632, "bf16"): ("0", "352v2"),
 }
 KERNEL = {"fwd": "rmsnorm_fwd", "bwd": "rmsnorm_bwd", "add_fwd": "fused_add_rmsnorm_fwd",
           "add_bwd": "fused_add_rmsnorm_bwd", "ln_fwd": "layernorm_fwd", "ln_bwd": "layernorm_bwd",
