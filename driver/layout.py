@@ -395,14 +395,13 @@ def _even_halves(opts: Options, tgt: targets.Target, work: RowWork, lay: Layout)
     against 2989-2990. Not at 2 rows against 2 (3520 as 352 x 5: 3114-3136 against 3235-3259),
     nor at 3 chunks a thread (2880 as 480 x 3: 2799-2802)."""
     if not (tgt.is_nvidia and lay.cluster == 2 and lay.cache_row and not _full(lay) and _wide_sums(work, opts)
-            and col_sums(work, opts) > 1 and DTYPES[opts.dtype] == 2):
-        return lay
-    vec = 4 // DTYPES[opts.dtype]
-    nchunk = opts.n // vec
+            and col_sums(work, opts) > 1 and DTYPES[opts.dtype] == 2 and lay.vec % 2 == 0):
+        return lay  # (a row aligned to fewer than 4 bytes, vec 1, keeps its layout)
+    nchunk = opts.n // 2  # 4-byte chunks of a 16-bit row
     tprs = [t for t in range(lay.warp, MAX_THREADS + 1, lay.warp) if nchunk % t == 0 and nchunk // t <= BWD_NARROW_K]
     if not tprs:
         return lay
-    new = _bwd_block_layout(opts.n, vec, tgt, work, opts, tprs[0])
+    new = _bwd_block_layout(opts.n, 2, tgt, work, opts, tprs[0])
     if _resident(tgt, new, BWD_NARROW_REGS) * lay.cluster <= _resident(tgt, lay, BWD_SUMS_REGS):
         return lay
     return new
@@ -459,21 +458,21 @@ def _even_bwd(opts: Options, tgt: targets.Target, work: RowWork, lay: Layout) ->
       (94%) as 160 x 3 of 8 bytes 3483-3516 against 3545-3559 (*tune-v84*). With one column sum
       (RMSNorm's) they lost: 1152 as 96 x 3 3752 against 3847, 1600 as 160 x 5 of 4 bytes
       3402-3469 against 3694-3708 for the fused add.
-    - chunks of half the width at one a thread, where they fill whole warps and the masked layout
-      fills at most BWD_HALF_MAX_FILL of its slots, for RMSNorm's fused add (one column sum,
-      reading d_residual_out; *tune-v83*, -v86, -v87): 1152 (75%) as 288 x 1 of 8 bytes 3842-3865
-      against 3581-3627, 896 (88%) as 224 x 1 3864-3888 against 3780-3818, 1664 (81%) as 416 x 1
-      3799-3815 against 3772-3812. Fuller ones tied or lost: 1408 (92%) as 352 x 1 3808-3849
-      against 3757-3828, 1920 (94%) as 480 x 1 3657-3683 against 3845-3868. The same shape lost
-      for RMSNorm's own backward (1152: 3609 against 3847), and 4-byte chunks lost at 576 (288 x
-      1: 2934-2940 against 3231-3269)."""
+    - chunks of half the width (8 bytes) at one a thread, where they fill whole warps and the
+      masked layout fills at most BWD_HALF_MAX_FILL of its slots, for RMSNorm's fused add (one
+      column sum, reading d_residual_out) in 16-bit rows (f32's not measured; *tune-v83*, -v86,
+      -v87): 1152 (75%) as 288 x 1 3842-3865 against 3581-3627, 896 (88%) as 224 x 1 3864-3888
+      against 3780-3818, 1664 (81%) as 416 x 1 3799-3815 against 3772-3812. Fuller ones tied or
+      lost: 1408 (92%) as 352 x 1 3808-3849 against 3757-3828, 1920 (94%) as 480 x 1 3657-3683
+      against 3845-3868. The same shape lost for RMSNorm's own backward (1152: 3609 against
+      3847), and 4-byte chunks lost at 576 (288 x 1: 2934-2940 against 3231-3269)."""
     if not (tgt.is_nvidia and lay.cluster == 1 and lay.rows == 1 and not _full(lay) and lay.nchunk <= 256):
         return lay
     if lay.nchunk % lay.warp == 0:
         return _bwd_block_layout(opts.n, lay.vec, tgt, work, opts, lay.nchunk)
     half = lay.vec // 2
     if opts.has_dres_out and col_sums(work, opts) == 1 and lay.nchunk <= BWD_HALF_MAX_FILL * lay.tpr * lay.k \
-            and half and opts.n % (half * lay.warp) == 0 and opts.n // half <= MAX_THREADS:
+            and DTYPES[opts.dtype] == 2 and half and opts.n % (half * lay.warp) == 0 and opts.n // half <= MAX_THREADS:
         return _bwd_block_layout(opts.n, half, tgt, work, opts, opts.n // half)
     if col_sums(work, opts) > 1 and lay.nchunk <= BWD_NARROW_MAX_FILL * lay.tpr * lay.k:
         for vec in (lay.vec // 2, lay.vec // 4):

@@ -282,13 +282,14 @@ def test_fused_add_backward_rows_take_half_width_chunks_where_the_slots_fill_lit
     # RMSNorm's fused add (one column sum, d_residual_out read): 8-byte chunks at one a thread
     # where they fill whole warps and the masked rows fill at most 7/8 of their slots (896: 112 of
     # 128, 1664: 208 of 256); not fuller ones (1408: 176 of 192, 1920: 240 of 256), not without
-    # d_residual_out, not with a bias (two sums: the narrow-chunk rule), not on gfx950.
+    # d_residual_out, not with a bias (two sums: the narrow-chunk rule), not in f32, not on gfx950.
     def lay(n, **kw):
         return Options(kernel="fused_add_rmsnorm_bwd", n=n, **{"has_dres_out": True, **kw}).layout
 
     assert [(lay(n).tpr, lay(n).vec, lay(n).k) for n in (896, 1664)] == [(224, 4, 1), (416, 4, 1)]
     for n, kw in ((1408, {}), (1920, {}), (896, dict(has_dres_out=False)), (896, dict(target="gfx950"))):
         assert (lay(n, **kw).vec, lay(n, **kw).k) == (8, 2), (n, kw)
+    assert (lay(576, dtype="f32").vec, lay(576, dtype="f32").k) == (4, 2)  # f32 rows: not measured
     assert lay(1664, bdtype="bf16").vec == 8
 
 
