@@ -36,8 +36,8 @@ class UsageError(ValueError):
 
 
 # Options fields set by compile's flags (the flag is the field with - for _), with their defaults.
-_LAYOUT_FLAGS = ("tpr", "cluster", "l2_prefetch", "stage", "min_blocks", "hints", "overlap", "cache_row",
-                 "batch_reload", "db_smem")
+_LAYOUT_FLAGS = ("tpr", "cluster", "l2_prefetch", "stage", "min_blocks", "max_regs", "hints", "overlap",
+                 "cache_row", "batch_reload", "db_smem")
 
 
 # ... and the fused ops' features (kernels.KernelSpec.features), under the same rule.
@@ -355,6 +355,8 @@ def _parser() -> argparse.ArgumentParser:
                    help="stage rows in shared memory (-1: the policy's)")
     c.add_argument("--min-blocks", type=int, default=0,
                    help="blocks per multiprocessor the registers must allow (NVVM minctasm; 0: the policy's)")
+    c.add_argument("--max-regs", type=int, default=0,
+                   help="registers a thread may take at most (NVVM maxnreg, PTX .maxnreg; 0: ptxas's choice)")
     c.add_argument("--hints", type=int, default=-1, metavar="H",
                    help="cache hints, a sum of 1 (last reads evict first from L2), 2 (stores evict first), "
                    "4 (reads repeated later evict last), 16 (loads ask L1 to keep their lines), "

@@ -90,6 +90,7 @@ class Layout:
     stage: bool = False  # rows staged through shared memory by asynchronous copies (cp.async)
     stage_buffers: int = 0  # STAGE buffers of K x BLOCK 16-byte chunks (2 per tensor read)
     min_blocks: int = 0  # blocks that must fit one multiprocessor (caps registers per thread); 0: no cap
+    max_regs: int = 0  # registers a thread may take at most (forced only); 0: no cap
     hints: int = 0  # cache hints, a sum of the HINT_* bits (loads of the rows read, stores of those written)
     overlap: int = 0  # persistent over a cluster: pass 2's first chunks loaded between posting the total and the wait
     db_smem: int = 0  # persistent with a bias: db's column sums in shared memory, each thread its own (Options.db_smem)
@@ -164,7 +165,7 @@ def decide(opts: Options, tgt: targets.Target, spec: KernelSpec) -> Layout:
     and checked (an impossible one raises ValueError naming it and the fix)."""
     if spec.work is None:
         for knob, default in (("tpr", 0), ("cluster", 0), ("stage", -1), ("cache_row", -1), ("l2_prefetch", -1),
-                              ("hints", -1), ("overlap", -1), ("batch_reload", -1)):
+                              ("hints", -1), ("overlap", -1), ("batch_reload", -1), ("max_regs", 0)):
             value = getattr(opts, knob)
             if value != default and not (knob == "stage" and value == 0):
                 raise ValueError(f"{knob}={value}: {spec.name} has a fixed layout; leave {knob} at {default}")
@@ -189,7 +190,7 @@ def decide(opts: Options, tgt: targets.Target, spec: KernelSpec) -> Layout:
                          f"{'/'.join(map(str, chunk_bytes))}-byte chunks (they need 16 and an NVVM target); "
                          "use -1 or 0")
     hints = _hint_policy(lay, persistent, opts.has_weight) if opts.hints == -1 and hintable else max(0, opts.hints)
-    lay = replace(lay, min_blocks=opts.min_blocks or lay.min_blocks, hints=hints)
+    lay = replace(lay, min_blocks=opts.min_blocks or lay.min_blocks, max_regs=opts.max_regs, hints=hints)
     if opts.batch_reload == 1 and (persistent or lay.cache_row):
         why = f"N={opts.n} holds them in registers (cache_row=0 reads them again)" if lay.cache_row else \
             f"{spec.name} has no such pass"

@@ -28,6 +28,7 @@ from .layout import (
 )
 
 MAX_N = 1 << 20
+MIN_MAX_REGS = 16  # the lowest register cap a kernel may ask for (max_regs)
 FLT_MIN = 1.1754943508222875e-38
 
 
@@ -64,6 +65,7 @@ class Options:
     l2_prefetch: int = -1  # 1/0: prefetch the next row into L2 or not; -1: the layout policy decides
     stage: int = -1  # persistent kernels, 1/0: stage the rows read through shared memory or not; -1: the policy's
     min_blocks: int = 0  # NVVM: blocks per multiprocessor the registers must allow; 0: the policy's
+    max_regs: int = 0  # NVVM: registers a thread may take at most (PTX .maxnreg); 0: ptxas's choice
     hints: int = -1  # cache hints, a sum of the layout.HINT_* bits (0: none); -1: the policy's
     overlap: int = -1  # persistent over a cluster: pass 2's chunks loaded inside the exchange (0: none); -1: policy
     cache_row: int = -1  # 1/0: the rows read held in registers between the passes, or read again; -1: policy
@@ -129,6 +131,12 @@ class Options:
         _check_int("db_smem", self.db_smem, -1, 3,
                    "choose 1 (db's column sums in shared memory), 2 (in conflict-free quarters), 3 (dw's too), "
                    "0 (in registers) or -1 (the policy's)")
+        _check_int("max_regs", self.max_regs, 0, tgt.max_regs,
+                   f"must be an int from {MIN_MAX_REGS} to {tgt.max_regs} (registers a thread), or 0 (ptxas's choice)")
+        if 0 < self.max_regs < MIN_MAX_REGS:
+            raise ValueError(f"max_regs={self.max_regs}: must be at least {MIN_MAX_REGS} (registers a thread), or 0")
+        if self.max_regs and not tgt.max_regs_attr:
+            raise ValueError(f"max_regs={self.max_regs}: {self.target} has no register cap attribute; use 0")
         if self.min_blocks and not tgt.min_blocks_attr:
             raise ValueError(f"min_blocks={self.min_blocks}: {self.target} has no blocks-per-multiprocessor bound; use 0")
         object.__setattr__(self, "layout", decide(self, tgt, spec))

@@ -147,7 +147,8 @@ def common_values(opts: Options) -> dict[str, str]:
         "LD_L1_LAST": ".L1::evict_first" if lay.hints & HINT_L1_FIRST else
         ".L1::evict_last" if lay.hints & HINT_L1_KEEP else "",
         "BATCH_RELOAD": _bool(lay.batch_reload),
-        "KERNEL_ATTRS": tgt.min_blocks_attr.format(lay.min_blocks) if lay.min_blocks else "",
+        "KERNEL_ATTRS": (tgt.min_blocks_attr.format(lay.min_blocks) if lay.min_blocks else "")
+        + (tgt.max_regs_attr.format(lay.max_regs) if lay.max_regs else ""),
         "EB": str(eb),
         "NSUB": str(lay.nsub),
         "ATOMIC_SCOPE": tgt.atomic_scope,

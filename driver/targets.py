@@ -48,6 +48,10 @@ class Target:
     # The kernel attribute that makes the register allocator leave room for N resident blocks
     # ({} is N), appended to a gpu.func's attributes: NVVM's minctasm (PTX .minnctapersm).
     min_blocks_attr: str | None = None
+    # The kernel attribute that caps a thread's registers ({} is the cap): NVVM's maxnreg (PTX
+    # .maxnreg). Where a kernel states its block size (.maxntid) and no cap, ptxas may trade a few
+    # bytes of spill for a resident block; a cap above what it chose lets it keep them in registers.
+    max_regs_attr: str | None = None
     # 16-byte loads and stores with an L2 eviction policy (createpolicy + .L2::cache_hint, sm_80+):
     # the policies (once per kernel) and the hinted loads and stores (once per row tensor).
     policy_piece: str | None = None
@@ -111,7 +115,8 @@ def _nv(chip: str, ptx: str, clusters: bool) -> Target:
         binary_formats=("bin", "isa"), isa_suffix=".ptx", bin_suffix=".cubin",
         cluster_piece="common/cluster_push_nvvm.mlir" if clusters else None, max_cluster=16 if clusters else 1,
         prefetch_piece="common/prefetch_nvvm.mlir", stage_piece="common/stage_nvvm.mlir",
-        min_blocks_attr=", nvvm.minctasm = {} : i32", policy_piece="common/cache_policy_nvvm.mlir",
+        min_blocks_attr=", nvvm.minctasm = {} : i32", max_regs_attr=", nvvm.maxnreg = {} : i32",
+        policy_piece="common/cache_policy_nvvm.mlir",
         hint_io_piece="common/hint_io_nvvm.mlir",
     )
 

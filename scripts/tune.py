@@ -32,6 +32,14 @@ VARIANTS = {  # (op, N, dtype): layouts to compare, as NORMIR_TPR values ("0": t
     ("add_bwd", 1600, "bf16"): ("0", "160v2"),
     ("add_bwd", 4608, "bf16"): ("0", "192v4"),
     ("bwd", 5632, "bf16"): ("0", "352v2"),
+    # Default layouts ptxas spills in (a census of 256-16384, docs/tuning.md), capped just above what
+    # ptxas chose (NORMIR_TPR's n: NVVM maxnreg), where the cap removes the spill: LayerNorm's
+    # forward at 4608 (56 registers, 8 bytes; at 64 none, fewer blocks), its backward at 3520
+    # (128, 8 bytes; at 136, 135 and none: 3 blocks of 128 against 4), the fused add's backward at
+    # 512 (128, 18 bytes; at 136, 128 and none: no block lost).
+    ("ln_fwd", 4608, "bf16"): ("0", "0n64"),
+    ("ln_bwd", 3520, "bf16"): ("0", "0n136"),
+    ("add_ln_bwd", 512, "bf16"): ("0", "0n136"),
 }
 KERNEL = {"fwd": "rmsnorm_fwd", "bwd": "rmsnorm_bwd", "add_fwd": "fused_add_rmsnorm_fwd",
           "add_bwd": "fused_add_rmsnorm_bwd", "ln_fwd": "layernorm_fwd", "ln_bwd": "layernorm_bwd",

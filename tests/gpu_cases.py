@@ -57,7 +57,7 @@ NO_WEIGHT_CASES = ((2048, "bf16"), (4096, "bf16"), (4096, "f16"), (2880, "f32"),
 
 
 def tpr_value(layout: dict) -> str:
-    """A forced layout as a NORMIR_TPR value: TPR[xCLUSTER][pN][sN][mN][hN][oN][rN][bN][dN]."""
+    """A forced layout as a NORMIR_TPR value: TPR[xCLUSTER][pN][sN][mN][hN][oN][rN][bN][dN][nN]."""
     out = f"{layout.get('tpr', 0)}x{layout.get('cluster', 0)}"
     if layout.get("l2_prefetch", -1) >= 0:
         out += f"p{layout['l2_prefetch']}"
@@ -75,6 +75,8 @@ def tpr_value(layout: dict) -> str:
         out += f"b{layout['batch_reload']}"
     if layout.get("db_smem", -1) >= 0:
         out += f"d{layout['db_smem']}"
+    if layout.get("max_regs", 0):
+        out += f"n{layout['max_regs']}"
     return out
 
 # Fused residual-add RMSNorm (test_gpu_fused_add.py). Each combination of dtypes and features:

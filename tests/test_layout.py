@@ -116,20 +116,22 @@ def test_key_string_is_stable_text():
         "kernel='rmsnorm_fwd';n=4096;dtype='bf16';wdtype='bf16';eps=9.999999974752427e-07;target='sm_90';"
         "has_weight=True;store_rstd=False;vec=8;atomic_dw=False;rdtype='';sdtype='';odtype='';xdtype='';bdtype='';"
         "store_residual=False;has_dres_out=False;weight_offset=0.0;tpr=0;cluster=0;l2_prefetch=-1;stage=-1;"
-        "min_blocks=0;hints=-1;overlap=-1;cache_row=-1;batch_reload=-1;db_smem=-1"
+        "min_blocks=0;max_regs=0;hints=-1;overlap=-1;cache_row=-1;batch_reload=-1;db_smem=-1"
     )
     assert o.digest() == hashlib.sha256(o.key_string().encode()).hexdigest()
-    assert o.digest() == "82ec224a777d1087b9f3a13dfc04509468199e9f2c8f8bcbcf99cf4cfe3c0a26"
+    assert o.digest() == "56254ccc7ea307b3857b46d97193e917bc823eb250f19bed8068c68576f893a0"
     assert "layout" not in o.key_string()
 
 
 _ALTERNATIVES = dict(kernel="rmsnorm_bwd", n=2048, dtype="f16", wdtype="f32", eps=1e-5, target="gfx950",
                      has_weight=False, store_rstd=True, vec=4, atomic_dw=True, tpr=256, cluster=2,
-                     l2_prefetch=0, stage=0, min_blocks=2, hints=0, overlap=0, cache_row=0, batch_reload=0, db_smem=0,
+                     l2_prefetch=0, stage=0, min_blocks=2, max_regs=64, hints=0, overlap=0, cache_row=0, batch_reload=0,
+                     db_smem=0,
                      rdtype="f32", sdtype="f32", odtype="f32", xdtype="f32", bdtype="f32", store_residual=True,
                      has_dres_out=True, weight_offset=1.0)
 # The kernel each field is tried on (one that takes it), and the fields it needs set beside it.
-_BASES = {"cache_row": dict(kernel="rmsnorm_bwd"), "xdtype": dict(kernel="fused_add_rmsnorm_bwd"),
+_BASES = {"cache_row": dict(kernel="rmsnorm_bwd"), "max_regs": dict(kernel="rmsnorm_bwd"),
+          "xdtype": dict(kernel="fused_add_rmsnorm_bwd"),
           "has_dres_out": dict(kernel="fused_add_rmsnorm_bwd"),
           **{f: dict(kernel="fused_add_rmsnorm_fwd", rdtype="bf16") for f in ("sdtype", "store_residual")},
           **{f: dict(kernel="fused_add_rmsnorm_fwd") for f in ("rdtype", "odtype", "bdtype", "weight_offset")}}
@@ -555,12 +557,29 @@ def test_no_weight_policy():
         Options(kernel="rmsnorm_dw_reduce", n=4096, dtype="f32", cache_row=1)
 
 
-@pytest.mark.parametrize("name", ("l2_prefetch", "stage", "min_blocks", "hints", "overlap", "cache_row"))
+@pytest.mark.parametrize("name", ("l2_prefetch", "stage", "min_blocks", "max_regs", "hints", "overlap", "cache_row"))
 def test_knobs_reject_bools_and_floats(name):
     # True would pass for 1 and 1.0 compare equal to 1: both are refused, naming the knob.
     for bad in (True, 1.0, "1"):
         with pytest.raises(ValueError, match=rf"^{name}={bad!r}: "):
             Options(kernel="rmsnorm_bwd", n=32768, **{name: bad})
+
+
+def test_max_regs():
+    # A forced cap on a thread's registers (NVVM maxnreg): in the layout and the kernel's
+    # attributes beside a cap of blocks; refused past the target's registers, below 16, on a
+    # target without the attribute, and on a kernel of a fixed layout.
+    lay = Options(kernel="layernorm_fwd", n=4608, bdtype="bf16", max_regs=64).layout
+    assert (lay.max_regs, Options(kernel="layernorm_fwd", n=4608, bdtype="bf16").layout.max_regs) == (64, 0)
+    attrs = SP.common_values(Options(kernel="rmsnorm_bwd", n=4096, min_blocks=2, max_regs=96))["KERNEL_ATTRS"]
+    assert attrs == ", nvvm.minctasm = 2 : i32, nvvm.maxnreg = 96 : i32"
+    for bad, why in ((256, "must be an int from 16 to 255"), (8, "must be at least 16"), (-1, "must be an int")):
+        with pytest.raises(ValueError, match=rf"^max_regs={bad}: {why}"):
+            Options(kernel="rmsnorm_bwd", n=4096, max_regs=bad)
+    with pytest.raises(ValueError, match=r"^max_regs=64: gfx950 has no register cap attribute; use 0"):
+        Options(kernel="rmsnorm_bwd", n=4096, target="gfx950", max_regs=64)
+    with pytest.raises(ValueError, match=r"^max_regs=64: rmsnorm_dw_reduce has a fixed layout; leave max_regs at 0"):
+        Options(kernel="rmsnorm_dw_reduce", n=4096, dtype="f32", max_regs=64)
 
 
 def test_min_blocks():
