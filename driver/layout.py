@@ -309,6 +309,11 @@ def _resident(tgt: targets.Target, lay: Layout, regs: int) -> int:
     return REG_QUADRANTS * quad_warps // (lay.block // lay.warp)
 
 
+def _rows_at_once(tgt: targets.Target, lay: Layout, regs: int) -> float:
+    """Rows a multiprocessor works on at once at `regs` registers a thread (_resident's blocks)."""
+    return _resident(tgt, lay, regs) * lay.rows / lay.cluster
+
+
 def _pow2_ceil(x: int) -> int:
     return 1 << max(0, (x - 1).bit_length())
 
@@ -403,9 +408,7 @@ def _even_halves(opts: Options, tgt: targets.Target, work: RowWork, lay: Layout)
     if not tprs:
         return lay
     new = _bwd_block_layout(opts.n, 2, tgt, work, opts, tprs[0])
-    if _resident(tgt, new, BWD_NARROW_REGS) * lay.cluster <= _resident(tgt, lay, BWD_SUMS_REGS):
-        return lay
-    return new
+    return new if _rows_at_once(tgt, new, BWD_NARROW_REGS) > _rows_at_once(tgt, lay, BWD_SUMS_REGS) else lay
 
 
 def _pow2_warps(opts: Options, tgt: targets.Target, work: RowWork, lay: Layout) -> Layout:
@@ -429,7 +432,7 @@ def _pow2_warps(opts: Options, tgt: targets.Target, work: RowWork, lay: Layout) 
         return lay
     new = _clustered(_bwd_block_layout(opts.n // c, lay.vec, tgt, work, opts, BWD_WIDE_WARPS * lay.warp), c)
     if 2 * new.k * new.block * new.vec * 4 > MAX_DB_SMEM_BYTES \
-            or _resident(tgt, new, DB_SMEM_REGS_BOTH) * lay.cluster <= _resident(tgt, lay, BWD_SUMS_REGS) * c:
+            or _rows_at_once(tgt, new, DB_SMEM_REGS_BOTH) <= _rows_at_once(tgt, lay, BWD_SUMS_REGS):
         return lay
     return replace(new, cache_row=True, db_smem=3, min_blocks=_resident(tgt, new, DB_SMEM_REGS_BOTH))
 

@@ -16,6 +16,8 @@ import threading
 from collections.abc import Iterator
 from dataclasses import dataclass
 
+from .layout import MAX_CLUSTER as _PORTABLE_CLUSTER  # the largest cluster without the attribute below
+
 _SYMBOLS = {
     "cuda": dict(lib=("libcuda.so.1", "libcuda.so"), init="cuInit", load="cuModuleLoadData",
                  get="cuModuleGetFunction", launch="cuLaunchKernel", error="cuGetErrorString",
@@ -200,8 +202,8 @@ def capture_hint(code: int) -> str:
 _BUFFER_POINTER, _BUFFER_SIZE = 1, 2
 # CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, hipFuncAttributeMaxDynamicSharedMemorySize.
 _MAX_DYNAMIC_SHARED_SIZE_BYTES = 8
-# CU_FUNC_ATTRIBUTE_NON_PORTABLE_CLUSTER_SIZE_ALLOWED, and the largest portable cluster.
-_NON_PORTABLE_CLUSTER_SIZE_ALLOWED, _PORTABLE_CLUSTER = 14, 8
+# CU_FUNC_ATTRIBUTE_NON_PORTABLE_CLUSTER_SIZE_ALLOWED.
+_NON_PORTABLE_CLUSTER_SIZE_ALLOWED = 14
 
 
 class _LaunchConfig(ctypes.Structure):
