@@ -56,6 +56,7 @@ HINT_LOADS = HINT_LAST_READ | HINT_KEEP | HINT_L1_KEEP | HINT_L1_FIRST
 FWD_BATCH_MAX_TPR = 512  # streamed rows batch pass 2's loads up to this many threads
 MAX_CLUSTER = 8  # blocks of a thread-block cluster that share one row (the portable limit)
 FWD_WIDE_CLUSTER = 4  # one-pass rows that fill a 1024-thread block: blocks per row (see row_layout)
+FWD_TWO_BLOCKS_THREADS = 768  # a streamed forward row of this many threads or more: capped for 2 blocks (_two_blocks)
 # Persistent kernels split rows whose column sums need more than this many registers per thread:
 # with 64 (N=32768 bf16 in one 512-thread block) ptxas caps the block at 128 registers and spills.
 BWD_SPLIT_DW = 32
@@ -68,6 +69,7 @@ BWD_NARROW_MAX_FILL = 0.8  # a backward's masked rows take narrower chunks up to
 BWD_NARROW_K = 5  # 4-byte chunks a thread, at most, of LayerNorm's backward rows in one block (_even_halves)
 BWD_NARROW_REGS = 64  # registers a thread of those rows (ptxas: 45-62, bf16, 2112-3520)
 BWD_HALF_MAX_FILL = 0.875  # the fused add's masked rows take half-width chunks up to this share filled (_even_bwd)
+BWD_ROWS_CAP_REGS = 136  # the fused add's LayerNorm backward in blocks of several rows: its cap (_rows_cap)
 
 
 @dataclass(frozen=True)
@@ -90,7 +92,7 @@ class Layout:
     stage: bool = False  # rows staged through shared memory by asynchronous copies (cp.async)
     stage_buffers: int = 0  # STAGE buffers of K x BLOCK 16-byte chunks (2 per tensor read)
     min_blocks: int = 0  # blocks that must fit one multiprocessor (caps registers per thread); 0: no cap
-    max_regs: int = 0  # registers a thread may take at most (forced only); 0: no cap
+    max_regs: int = 0  # registers a thread may take at most (forced, or _rows_cap's); 0: no cap
     hints: int = 0  # cache hints, a sum of the HINT_* bits (loads of the rows read, stores of those written)
     overlap: int = 0  # persistent over a cluster: pass 2's first chunks loaded between posting the total and the wait
     db_smem: int = 0  # persistent with a bias: db's column sums in shared memory, each thread its own (Options.db_smem)
@@ -190,7 +192,8 @@ def decide(opts: Options, tgt: targets.Target, spec: KernelSpec) -> Layout:
                          f"{'/'.join(map(str, chunk_bytes))}-byte chunks (they need 16 and an NVVM target); "
                          "use -1 or 0")
     hints = _hint_policy(lay, persistent, opts.has_weight) if opts.hints == -1 and hintable else max(0, opts.hints)
-    lay = replace(lay, min_blocks=opts.min_blocks or lay.min_blocks, max_regs=opts.max_regs, hints=hints)
+    lay = replace(lay, min_blocks=opts.min_blocks or lay.min_blocks, max_regs=opts.max_regs or lay.max_regs,
+                  hints=hints)
     if opts.batch_reload == 1 and (persistent or lay.cache_row):
         why = f"N={opts.n} holds them in registers (cache_row=0 reads them again)" if lay.cache_row else \
             f"{spec.name} has no such pass"
@@ -253,7 +256,28 @@ def _db_smem(opts: Options, lay: Layout, tgt: targets.Target, work: RowWork, per
       3719-3721. Where 1 adds blocks, 3 tied or lost (1024: 3705-3707 against 3743-3748);
     - the fused add's rows read again over a cluster are held instead, with both sums moved, 3
       blocks of 256 against 2: 8192 3771-3791 against 3569-3596, 16384 3655 against 3388-3392
-      (*tune-v80*), though ptxas spills 16 bytes at that cap (tests/test_sm90_spill.py).
+      (*tune-v80*), though ptxas spills 16 bytes at that cap (tests/test_sm90_spill.py);
+    - rows over a cluster that the above leaves (a masked chunk; 3, 5, 6 or 7 warps; ptxas
+      without it: 118-173 registers, 0.5-2.5 rows a multiprocessor) move both sums too, the rows
+      held (LayerNorm's, capped at DB_SMEM_REGS_HELD) or read again (the fused add's: with a
+      masked chunk DB_SMEM_REGS_READ, else DB_SMEM_REGS_HELD: 6 or 7 warps spilled 8 bytes at 80),
+      w no wider than x; so do the fused add's masked rows of one block, where db's alone gain no
+      block. On the H200 (bf16, weight and bias, *tune-v91*, -v92; GB/s against the sums in
+      registers): LayerNorm's 3072 as 96 x 2, 6 blocks, 3498-3543 against 3477-3492; 3840 as
+      128 x 2 3502-3527 against 3388-3413; 4608 as 160 x 2, 4 blocks, 3420-3430 against
+      3200-3202; 5120 3639-3652 against 3449-3462; 5632 as 192 x 2, 3 blocks, 3242-3260 against
+      2933-2954; 6144 3514-3535 against 3181-3186; 9216 as 160 x 4 3189-3200 against 3003-3016;
+      11264 as 192 x 4 3007-3036 against 2748-2753; 12288 3342-3373 against 2962-2974; 2816
+      (3 warps, masked) a tie. The fused add's 4352 as 160 x 2, 4 blocks, 3222-3226 against
+      2354-2367; 4608 3316-3343 against 2460-2492; 4992 3401-3405 against 2559-2581; 5120
+      3549-3563 against 3398-3410; 7424 as 256 x 2, 3 blocks, 3414-3417 against 2133-2135; 9216 as
+      160 x 4 3158-3160 against 2918-2941; 10752 as 192 x 4 2877-2894 against 2543-2546; 12288
+      3246-3256 against 2916-2927; 12800 as 224 x 4 3077-3088 against 2735-2762; 14848 as 256 x 4
+      3274-3277 against 2993-3011; in one block, 3328 as 224 x 1, 3 blocks, 3615-3647 against
+      3317-3341, 3840 as 256 x 1 3683-3704 against 3512-3539. ptxas: 72-96 registers, no spill.
+      Not taken where it gains no block: 7 or 8 warps held (LayerNorm's 6400-7936 over 2 blocks,
+      157-161 registers and one block a multiprocessor: its rows read again with both sums moved
+      gained 40% at 6656, 2956-2969 against 2112-2122, and lost 4% at 7168 and 14848).
 
     Only where the column sums take BWD_SPLIT_DW registers a thread or more (16-bit rows): f32
     rows of 2 chunks keep 64-72 registers without it. Without a weight, 3 is 2 (db's alone in
@@ -292,6 +316,13 @@ def _db_smem(opts: Options, lay: Layout, tgt: targets.Target, work: RowWork, per
     hold = lay.cluster > 1 and opts.has_dres_out and opts.cache_row == -1
     if both and (lay.cache_row or hold):
         choices.append((True, 3, DB_SMEM_REGS_BOTH))
+    # Rows over a cluster that this leaves (a masked chunk; 3, 5, 6 or 7 warps), and rows of one
+    # block with a masked chunk read again: both sums moved, the rows held or read again as they
+    # were, at the levels where ptxas keeps them unspilled (the fused add's rows read again in 6
+    # or 7 whole warps spilled 8 bytes at 80).
+    elif (lay.cluster > 1 or not (full or lay.cache_row)) and lay.rows == 1 and not lay.db_smem \
+            and DTYPES[opts.wdtype] <= DTYPES[opts.dtype] and 2 * need <= MAX_DB_SMEM_BYTES:
+        choices.append((lay.cache_row, 3, DB_SMEM_REGS_HELD if lay.cache_row or full else DB_SMEM_REGS_READ))
     gains = [c for c in choices if _resident(tgt, lay, c[2]) > _resident(tgt, lay, BWD_SUMS_REGS)]
     if not gains:
         return lay  # no block gained over the sums in registers (224 or 256 threads with a masked chunk)
@@ -384,9 +415,21 @@ def bwd_layout(opts: Options, tgt: targets.Target, work: RowWork) -> Layout:
     lay = _clustered(share(c), c)
     if tpr or opts.cluster:
         return lay
-    for rule in (_even_bwd, _even_halves, _pow2_warps):  # each takes the layouts of its own rows
+    for rule in (_even_bwd, _even_halves, _pow2_warps, _rows_cap):  # each takes the layouts of its own rows
         lay = rule(opts, tgt, work, lay)
     return lay
+
+
+def _rows_cap(opts: Options, tgt: targets.Target, work: RowWork, lay: Layout) -> Layout:
+    """The fused add's LayerNorm backward (dw's and db's sums, reading d_residual_out) in blocks
+    of several rows, every thread the same chunks, takes a register cap of BWD_ROWS_CAP_REGS: ptxas
+    fits it in 128 registers then, 2 blocks of 256, where on its own it spills 18 bytes at 128 (at
+    a cap of 128, 8). On the H200 (bf16, weight and bias; *tune-v90*, -v91): 512 as 32 x 8 rows
+    3347-3370 GB/s against 3063-3077, 256 as 16 x 16 3305-3307 against 2956-2972."""
+    if not (tgt.max_regs_attr and lay.rows > 1 and opts.has_dres_out and col_sums(work, opts) > 1 and _full(lay)
+            and DTYPES[opts.dtype] == 2):
+        return lay
+    return replace(lay, max_regs=BWD_ROWS_CAP_REGS)
 
 
 def _even_halves(opts: Options, tgt: targets.Target, work: RowWork, lay: Layout) -> Layout:
@@ -697,8 +740,21 @@ def fwd_layout(opts: Options, tgt: targets.Target, work: RowWork) -> Layout:
                 else _even_split(opts, tgt, hb)
             if held is not None and held.cache_row:
                 return held
-        return _even_rows(opts, tgt, work, streamed, hb)
+        return _two_blocks(tgt, _even_rows(opts, tgt, work, streamed, hb))
     return _even_rows(opts, tgt, work, lay, hb) if policy else lay
+
+
+def _two_blocks(tgt: targets.Target, lay: Layout) -> Layout:
+    """A row read again (streamed) in a block of FWD_TWO_BLOCKS_THREADS threads or more is capped
+    for 2 blocks a multiprocessor: ptxas gives LayerNorm's such rows 40-49 registers, and the
+    fused add's RMSNorm 40-48, one block (ncu: LayerNorm's at 32768, 50% occupancy against
+    RMSNorm's 92% at 32 registers). On the H200 (bf16, weight and bias, *tune-v92*; ptxas: 32 and
+    40 registers, 8 and 24 bytes spilled): LayerNorm's 32768 as 1024 threads 3747-3766 GB/s
+    against 3330-3342, 24576 as 768 3388-3403 against 2679-2683; 512 threads gained no block and
+    lost (16384 capped for 4: 3799-3812 against 4062-4080)."""
+    if tgt.min_blocks_attr and not lay.cache_row and lay.block >= FWD_TWO_BLOCKS_THREADS and not lay.min_blocks:
+        return replace(lay, min_blocks=2)
+    return lay
 
 
 def _even_rows(opts: Options, tgt: targets.Target, work: RowWork, lay: Layout, hb: int) -> Layout:

@@ -5,9 +5,10 @@ over thread-block clusters, the dw reduction, atomics) on small M, the fused res
 fused add with an fp32 residual and d_residual_out, atomics), each checked against the float64
 reference.
 
-    compute-sanitizer --tool memcheck python scripts/sanitize.py [layernorm]
+    compute-sanitizer --tool memcheck python scripts/sanitize.py [layernorm [N ...]]
 
-With `layernorm`, only the LayerNorm cases (after a change to LayerNorm's layouts alone).
+With `layernorm`, only the LayerNorm cases (after a change to LayerNorm's layouts alone); with N
+too, only SANITIZE_LN's cases of those N, the policy's layouts.
 """
 
 import os
@@ -61,7 +62,10 @@ LN_FORCED = ",".join(f"layernorm_bwd:{n}={tpr_value(k)}" for n, k in dict(revers
 
 
 def main() -> None:
-    if sys.argv[1:] == ["layernorm"]:
+    if sys.argv[1:2] == ["layernorm"]:
+        ns = {int(n) for n in sys.argv[2:]}
+        if ns:
+            atomic_and_report(layernorm_cases([c for c in SANITIZE_LN if c[0] in ns]))
         atomic_and_report(layernorm_cases() + layernorm_forced() + layernorm_atomic())
     bad = 0
     for forced in ("", FORCED):
@@ -133,11 +137,11 @@ def layernorm_forced() -> int:
         launch.clear_handles()
 
 
-def layernorm_cases() -> int:
+def layernorm_cases(cases=SANITIZE_LN) -> int:
     """LayerNorm through autograd: forward y (and residual_out with a residual), backward dx
-    (dresidual), dw and db from dy (and d_residual_out)."""
+    (dresidual), dw and db from dy (and d_residual_out), at `cases` (N, x's dtype)."""
     bad = 0
-    for n, dt in SANITIZE_LN:
+    for n, dt in cases:
         for name, has_w, has_b, r_t in SANITIZE_LN_COMBOS:
             r_t = dt if r_t == "x" else r_t
             for m in (1, 37):

@@ -20,26 +20,21 @@ import os
 import sys
 
 VARIANTS = {  # (op, N, dtype): layouts to compare, as NORMIR_TPR values ("0": the policy's)
-    # v90 (v89: docs/results/2026-12-02-h200.md, run s). Layouts that hold more rows a
-    # multiprocessor at once than the policy's, by ptxas's registers (docs/tuning.md, "rows at
-    # once"), where the policy's hold few bytes in flight: LayerNorm's backward and its fused
-    # add's at 4608 (1.5 and 1 rows against 2) in 8-byte chunks over 2 blocks or 4-byte over one;
-    # LayerNorm's at 6144 (1 row against 1.5) as 96 x 4 of 8 bytes; RMSNorm's fused add at 1600
-    # (87-89% of copy; 5 rows against 8) and 4608 (3 against 4), RMSNorm's at 5632 (2 against 3).
-    ("ln_bwd", 4608, "bf16"): ("0", "192x2v4", "288v2"),
-    ("add_ln_bwd", 4608, "bf16"): ("0", "192x2v4"),
-    ("ln_bwd", 6144, "bf16"): ("0", "96x4v4"),
-    ("add_bwd", 1600, "bf16"): ("0", "160v2"),
-    ("add_bwd", 4608, "bf16"): ("0", "192v4"),
-    ("bwd", 5632, "bf16"): ("0", "352v2"),
-    # Default layouts ptxas spills in (a census of 256-16384, docs/tuning.md), capped just above what
-    # ptxas chose (NORMIR_TPR's n: NVVM maxnreg), where the cap removes the spill: LayerNorm's
-    # forward at 4608 (56 registers, 8 bytes; at 64 none, fewer blocks), its backward at 3520
-    # (128, 8 bytes; at 136, 135 and none: 3 blocks of 128 against 4), the fused add's backward at
-    # 512 (128, 18 bytes; at 136, 128 and none: no block lost).
-    ("ln_fwd", 4608, "bf16"): ("0", "0n64"),
-    ("ln_bwd", 3520, "bf16"): ("0", "0n136"),
-    ("add_ln_bwd", 512, "bf16"): ("0", "0n136"),
+    # v93 (v92: docs/results/2026-12-02-h200.md, run v). The new rules against what they
+    # replaced, where v92 did not time them: a streamed forward row of 768 threads or more capped
+    # for 2 blocks (layout._two_blocks; "0m1": the cap of one block, ptxas's own registers, as
+    # before): RMSNorm's fused add at 16384, 24576 and 32768 (1024 / 768 threads, 32 registers and
+    # 24 bytes spilled at 32768), RMSNorm's at 24576 and 32768, LayerNorm's at 28672; both column
+    # sums in shared memory for the fused add's LayerNorm rows of one block with a masked chunk
+    # (layout._db_smem; "0d0": the sums in registers, as before) at 3456 and 3968.
+    ("add_fwd", 16384, "bf16"): ("0", "0m1"),
+    ("add_fwd", 24576, "bf16"): ("0", "0m1"),
+    ("add_fwd", 32768, "bf16"): ("0", "0m1"),
+    ("fwd", 24576, "bf16"): ("0", "0m1"),
+    ("fwd", 32768, "bf16"): ("0", "0m1"),
+    ("ln_fwd", 28672, "bf16"): ("0", "0m1"),
+    ("add_ln_bwd", 3456, "bf16"): ("0", "0d0"),
+    ("add_ln_bwd", 3968, "bf16"): ("0", "0d0"),
 }
 KERNEL = {"fwd": "rmsnorm_fwd", "bwd": "rmsnorm_bwd", "add_fwd": "fused_add_rmsnorm_fwd",
           "add_bwd": "fused_add_rmsnorm_bwd", "ln_fwd": "layernorm_fwd", "ln_bwd": "layernorm_bwd",

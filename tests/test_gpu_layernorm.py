@@ -24,6 +24,7 @@ from gpu_cases import (
     LN_EPS,
     LN_FUSED_COMBOS,
     LN_FUSED_N,
+    LN_LAYOUT_N,
     LN_STATS_N,
     MODEL_N,
     TRAIN_N,
@@ -77,7 +78,7 @@ def check(shape, x, r=None, w="", b=None, s=None, o=None, *, prenorm=True, eps=L
 
 
 @pytest.mark.parametrize("m", FWD_M)
-@pytest.mark.parametrize("n", FWD_N + MODEL_N)
+@pytest.mark.parametrize("n", FWD_N + MODEL_N + LN_LAYOUT_N)
 @pytest.mark.parametrize("dt", DTYPE_NAMES)
 def test_layernorm_matches_reference(dt, n, m):
     check((m, n), dt, b=dt)

@@ -180,19 +180,24 @@ def test_db_sums_in_shared_memory_knob(monkeypatch):
 @pytest.mark.parametrize(("n", "dres", "db_smem", "blocks", "held"), [
     (1024, False, 1, 10, True), (2048, False, 1, 5, True), (4096, False, 1, 5, True), (2880, True, 1, 3, False),
     (4096, True, 1, 3, False), (8192, False, 3, 3, True), (16384, False, 3, 3, True), (32768, False, 3, 3, True),
-    (1024, True, 3, 12, True), (2048, True, 3, 6, True), (8192, True, 3, 3, True), (32768, True, 3, 3, True)])
+    (1024, True, 3, 12, True), (2048, True, 3, 6, True), (8192, True, 3, 3, True), (32768, True, 3, 3, True),
+    (3072, False, 3, 6, True), (4608, False, 3, 4, True), (6144, False, 3, 3, True), (4608, True, 3, 4, False),
+    (7680, True, 3, 3, False), (5120, True, 3, 4, False), (3456, True, 3, 3, False)])
 def test_policy_moves_db_sums_where_a_block_is_gained(n, dres, db_smem, blocks, held):
     # The policy's db_smem: 16-bit rows of 2 chunks a thread, with a weight and a bias, whose
     # freed registers let a cap add resident blocks: db's sums alone (1; 96 registers for held
     # rows and rows with a masked chunk, 80 for rows read again) where that adds one, else dw's
-    # too (3, 80 registers), the fused add's rows held over a cluster for it.
+    # too (3, 80 registers), the fused add's rows held over a cluster for it; over a cluster
+    # where that is not taken (a masked chunk; 3, 5, 6 or 7 warps), both sums at 96 registers
+    # for rows held (3072, 4608, 6144), 80 for the fused add's read again (4608, 5120, 7680), and
+    # in one block of 7 warps with a masked chunk (3456), where db's alone gain no block.
     lay = Options(kernel="layernorm_bwd", n=n, bdtype="f32", has_dres_out=dres).layout
     assert (lay.db_smem, lay.min_blocks, lay.k, lay.cache_row) == (db_smem, blocks, 2, held)
     # Not where no block is gained or the cap spilled (tests/test_sm90_spill.py): held rows with
-    # a masked chunk (2880, the fused add's 7680 over a cluster), over a cluster in 3 or 7 warps
-    # (3072, 7168), beside an fp32 weight over a cluster (4096); not in fp32 rows (64-72 registers
-    # already), not without a bias or a weight, not on gfx950 (measured on the H200 only).
-    for kw in (dict(n=2880), dict(n=3072), dict(n=7168), dict(n=4096, wdtype="f32"), dict(n=7680, has_dres_out=True),
+    # a masked chunk in one block (2880), over a cluster in 7 warps (7168: 2 blocks either way),
+    # beside an fp32 weight (4096 over a cluster, the fused add's 7680); not in fp32 rows (64-72
+    # registers already), not without a bias or a weight, not on gfx950 (measured on the H200 only).
+    for kw in (dict(n=2880), dict(n=7168), dict(n=4096, wdtype="f32"), dict(n=7680, has_dres_out=True, wdtype="f32"),
                dict(n=1024, dtype="f32"), dict(n=2048, has_weight=False), dict(n=1024, target="gfx950")):
         other = Options(kernel="layernorm_bwd", **{"bdtype": "f32", **kw}).layout
         assert not other.db_smem and not other.min_blocks, kw
@@ -295,8 +300,9 @@ def test_fused_add_backward_rows_take_half_width_chunks_where_the_slots_fill_lit
 
 def test_fused_layernorm_backward_over_6_or_7_warps_goes_to_4_blocks_of_4():
     # The fused add's LayerNorm backward over 2 blocks of 6 or 7 warps (6144, 6656, 7168): 4 blocks
-    # of 4 warps, held, both sums in shared memory, capped for 6 blocks; not 5 warps (5120, 4608),
-    # not LayerNorm's own, not beside an fp32 weight, not without a bias, not on gfx950.
+    # of 4 warps, held, both sums in shared memory, capped for 6 blocks; not 5 warps (5120, 4608:
+    # 160 x 2, read again), not LayerNorm's own, not beside an fp32 weight, not without a bias,
+    # not on gfx950.
     def lay(n, **kw):
         return Options(kernel="layernorm_bwd", n=n, **{"bdtype": "f32", "has_dres_out": True, **kw}).layout
 
@@ -305,7 +311,7 @@ def test_fused_layernorm_backward_over_6_or_7_warps_goes_to_4_blocks_of_4():
         assert (got.tpr, got.cluster, got.k, got.cache_row, got.db_smem, got.min_blocks) == (128, 4, 2, True, 3, 6), n
     for n, kw in ((5120, {}), (4608, {}), (7168, dict(has_dres_out=False)), (7168, dict(wdtype="f32")),
                   (7168, dict(bdtype="")), (7168, dict(target="gfx950"))):
-        assert lay(n, **kw).tpr != 128 and not lay(n, **kw).db_smem, (n, kw)
+        assert (lay(n, **kw).tpr, lay(n, **kw).cluster) != (128, 4), (n, kw)
 
 
 def test_layernorm_backward_halves_of_a_masked_chunk_go_to_one_block_of_4_byte_chunks():

@@ -582,6 +582,40 @@ def test_max_regs():
         Options(kernel="rmsnorm_dw_reduce", n=4096, dtype="f32", max_regs=64)
 
 
+def test_rows_cap_policy():
+    # The fused add's LayerNorm backward in blocks of several rows, every thread the same chunks,
+    # 16-bit rows: capped at BWD_ROWS_CAP_REGS (ptxas spilled at its own 128). Not with a masked
+    # chunk (384), one row a block (1024), without d_residual_out, in fp32 rows, on gfx950, nor
+    # where a layout is forced; a forced cap wins.
+    def cap(n, **kw):
+        return Options(kernel="layernorm_bwd", n=n, **{"bdtype": "f32", "has_dres_out": True, **kw}).layout.max_regs
+
+    assert cap(512) == cap(256) == cap(64) == S.BWD_ROWS_CAP_REGS
+    assert Options(kernel="layernorm_bwd", n=512, bdtype="f32", has_dres_out=True).layout.rows > 1
+    for n, kw in ((384, {}), (1024, {}), (512, dict(has_dres_out=False)), (512, dict(dtype="f32", wdtype="f32")),
+                  (512, dict(target="gfx950")), (512, dict(tpr=32))):
+        assert cap(n, **kw) == 0, (n, kw)
+    assert cap(512, max_regs=160) == 160
+    attrs = SP.common_values(Options(kernel="layernorm_bwd", n=512, bdtype="f32", has_dres_out=True))["KERNEL_ATTRS"]
+    assert f"nvvm.maxnreg = {S.BWD_ROWS_CAP_REGS} : i32" in attrs
+
+
+def test_two_blocks_policy():
+    # A streamed forward row of FWD_TWO_BLOCKS_THREADS threads or more is capped for 2 blocks (one
+    # fit at ptxas's own registers); not at 512 threads, not held rows, not on gfx950, not where
+    # the layout or the cap is forced.
+    def lay(n, **kw):
+        return Options(kernel="layernorm_fwd", n=n, **{"bdtype": "bf16", **kw}).layout
+
+    for n in (24576, 32768):
+        assert (lay(n).block, lay(n).cache_row, lay(n).min_blocks) == (n // 32, False, 2), n
+    assert Options(kernel="fused_add_rmsnorm_fwd", n=8192, rdtype="bf16", store_residual=True).layout.min_blocks == 2
+    for n, kw in ((16384, {}), (2880, {}), (32768, dict(target="gfx950")), (32768, dict(tpr=1024))):
+        assert not lay(n, **kw).min_blocks, (n, kw)
+    assert lay(32768, min_blocks=1).min_blocks == 1
+    assert S.FWD_TWO_BLOCKS_THREADS == 768
+
+
 def test_min_blocks():
     assert Options(kernel="rmsnorm_bwd", n=4096, min_blocks=2).layout.min_blocks == 2
     assert Options(kernel="rmsnorm_bwd", n=4096).layout.min_blocks == 0
