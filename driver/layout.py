@@ -740,19 +740,22 @@ def fwd_layout(opts: Options, tgt: targets.Target, work: RowWork) -> Layout:
                 else _even_split(opts, tgt, hb)
             if held is not None and held.cache_row:
                 return held
-        return _two_blocks(tgt, _even_rows(opts, tgt, work, streamed, hb))
+        return _two_blocks(tgt, _even_rows(opts, tgt, work, streamed, hb), two_reads)
     return _even_rows(opts, tgt, work, lay, hb) if policy else lay
 
 
-def _two_blocks(tgt: targets.Target, lay: Layout) -> Layout:
-    """A row read again (streamed) in a block of FWD_TWO_BLOCKS_THREADS threads or more is capped
-    for 2 blocks a multiprocessor: ptxas gives LayerNorm's such rows 40-49 registers, and the
-    fused add's RMSNorm 40-48, one block (ncu: LayerNorm's at 32768, 50% occupancy against
-    RMSNorm's 92% at 32 registers). On the H200 (bf16, weight and bias, *tune-v92*; ptxas: 32 and
-    40 registers, 8 and 24 bytes spilled): LayerNorm's 32768 as 1024 threads 3747-3766 GB/s
-    against 3330-3342, 24576 as 768 3388-3403 against 2679-2683; 512 threads gained no block and
-    lost (16384 capped for 4: 3799-3812 against 4062-4080)."""
-    if tgt.min_blocks_attr and not lay.cache_row and lay.block >= FWD_TWO_BLOCKS_THREADS and not lay.min_blocks:
+def _two_blocks(tgt: targets.Target, lay: Layout, two_reads: bool) -> Layout:
+    """A row read once and again (streamed) in a block of FWD_TWO_BLOCKS_THREADS threads or more
+    is capped for 2 blocks a multiprocessor: ptxas gives such rows 40-49 registers, one block (ncu:
+    LayerNorm's at 32768, 50% occupancy against RMSNorm's 92% at 32 registers). On the H200 (bf16,
+    *tune-v92*, -v93; GB/s against one block; ptxas: 32-40 registers, up to 24 bytes spilled):
+    LayerNorm's (weight and bias) 24576 as 768 threads 3388-3403 against 2679-2683, 28672
+    3585-3591 against 2748-2749, 32768 3747-3766 against 3330-3342; RMSNorm's 24576 4081-4100
+    against 3373-3387, 32768 (32 registers either way) 4074-4100. Not two reads (the fused add's
+    x and residual: 24576 3593-3602 against 4204-4205, 32768 3368-3378 against 4185-4198), nor
+    512 threads (LayerNorm's 16384 capped for 4 blocks: 3799-3812 against 4062-4080)."""
+    if tgt.min_blocks_attr and not two_reads and not lay.cache_row and lay.block >= FWD_TWO_BLOCKS_THREADS \
+            and not lay.min_blocks:
         return replace(lay, min_blocks=2)
     return lay
 

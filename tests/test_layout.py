@@ -601,15 +601,17 @@ def test_rows_cap_policy():
 
 
 def test_two_blocks_policy():
-    # A streamed forward row of FWD_TWO_BLOCKS_THREADS threads or more is capped for 2 blocks (one
-    # fit at ptxas's own registers); not at 512 threads, not held rows, not on gfx950, not where
-    # the layout or the cap is forced.
+    # A streamed forward row of one read in FWD_TWO_BLOCKS_THREADS threads or more is capped for 2
+    # blocks (one fit at ptxas's own registers); not two reads (the fused add's), not at 512
+    # threads, not held rows, not on gfx950, not where the layout or the cap is forced.
     def lay(n, **kw):
         return Options(kernel="layernorm_fwd", n=n, **{"bdtype": "bf16", **kw}).layout
 
     for n in (24576, 32768):
         assert (lay(n).block, lay(n).cache_row, lay(n).min_blocks) == (n // 32, False, 2), n
-    assert Options(kernel="fused_add_rmsnorm_fwd", n=8192, rdtype="bf16", store_residual=True).layout.min_blocks == 2
+    assert Options(kernel="rmsnorm_fwd", n=24576).layout.min_blocks == 2
+    fused = Options(kernel="fused_add_rmsnorm_fwd", n=32768, rdtype="bf16", store_residual=True).layout
+    assert (fused.block, fused.cache_row, fused.min_blocks) == (1024, False, 0)
     for n, kw in ((16384, {}), (2880, {}), (32768, dict(target="gfx950")), (32768, dict(tpr=1024))):
         assert not lay(n, **kw).min_blocks, (n, kw)
     assert lay(32768, min_blocks=1).min_blocks == 1
