@@ -41,6 +41,7 @@ DB_SMEM_REGS_HELD, DB_SMEM_REGS_READ = 96, 80
 DB_SMEM_REGS_BOTH = 80  # rows held, dw's sums in shared memory too (ptxas: 80 at 2048-32768, bf16)
 REG_QUADRANTS = 4
 BWD_SUMS_REGS = 128  # a 16-bit backward with its column sums in registers (ptxas: 111-152 at 1024-8192)
+BWD_SUMS4_REGS = 200  # the same at 4 chunks a thread over a cluster, read again (ptxas: 196-217 at 65536)
 # Persistent kernels stage by default only where two blocks' buffers fit a multiprocessor: at
 # N=16384 (128 KB, one block) the L2 prefetch with eviction hints beat staging at 512 threads by
 # 9% (*tune-v11*); rows of 2048 chunks are staged at 1024 threads instead (_staged).
@@ -277,7 +278,15 @@ def _db_smem(opts: Options, lay: Layout, tgt: targets.Target, work: RowWork, per
       3317-3341, 3840 as 256 x 1 3683-3704 against 3512-3539. ptxas: 72-96 registers, no spill.
       Not taken where it gains no block: 7 or 8 warps held (LayerNorm's 6400-7936 over 2 blocks,
       157-161 registers and one block a multiprocessor: its rows read again with both sums moved
-      gained 40% at 6656, 2956-2969 against 2112-2122, and lost 4% at 7168 and 14848).
+      gained 40% at 6656, 2956-2969 against 2112-2122, and 36% at 7680, 3136-3168 against
+      2306-2330 (*tune-v94*): taken where the rows have a masked chunk over 2 blocks (6400-7936).
+      They lost 4% with whole warps (7168: 128 registers, 2 blocks) and over 4 blocks (14848);
+    - rows of 4 chunks a thread over a cluster, read again, 16-bit, no masked chunk (LayerNorm's
+      backwards at 40960-65536): the sums in registers took 196-217 registers (BWD_SUMS4_REGS), one block;
+      both sums would not fit the slots, db's alone do (32 KB at 256 threads), capped for 2
+      blocks (BWD_SUMS_REGS; ptxas: 128, no spill). *tune-v94*, 65536: the fused add's 3156-3194
+      against 2623-2637, with pass 2's chunks not loaded early (overlap 0: at 2 ptxas spilled 8
+      bytes, 3069-3095); LayerNorm's 2880-2901 against 2626-2886 (a tie to +5%).
 
     Only where the column sums take BWD_SPLIT_DW registers a thread or more (16-bit rows): f32
     rows of 2 chunks keep 64-72 registers without it. Without a weight, 3 is 2 (db's alone in
@@ -296,9 +305,14 @@ def _db_smem(opts: Options, lay: Layout, tgt: targets.Target, work: RowWork, per
         return replace(lay, db_smem=min(opts.db_smem, 1 + moved))  # 3 without a weight: 2
     full = _full(lay)
     sums_regs = lay.k * lay.vec * col_sums(work, opts)  # fp32 column sums per thread (dw's and db's)
+    # Rows of 4 chunks a thread over a cluster, read again, 16-bit, every thread the same chunks
+    # (LayerNorm's backwards at 65536): the sums in registers took 196-217 (ptxas), one block of
+    # 256; db's alone fit the slots (with a masked chunk the cap spilled: 16416, 28704).
+    wide_k = lay.k == 4 and _full(lay) and lay.cluster > 1 and not lay.cache_row and DTYPES[opts.dtype] == 2
     if not (persistent and tgt.min_blocks_attr and opts.has_weight and lay.dw_regs and not lay.stage
-            and need <= MAX_DB_SMEM_BYTES and lay.k <= 2 and sums_regs >= BWD_SPLIT_DW):
+            and need <= MAX_DB_SMEM_BYTES and (lay.k <= 2 or wide_k) and sums_regs >= BWD_SPLIT_DW):
         return lay
+    in_regs = BWD_SUMS4_REGS if wide_k else BWD_SUMS_REGS
     # Held rows over a cluster spilled at the cap in 3 warps (3072: 64 bytes) and beside an fp32
     # weight (4096: 8 bytes; tests/test_sm90_spill.py): whole powers of two, w no wider than x.
     cluster_ok = lay.wpr & (lay.wpr - 1) == 0 and DTYPES[opts.wdtype] <= DTYPES[opts.dtype]
@@ -323,13 +337,22 @@ def _db_smem(opts: Options, lay: Layout, tgt: targets.Target, work: RowWork, per
     elif (lay.cluster > 1 or not (full or lay.cache_row)) and lay.rows == 1 and not lay.db_smem \
             and DTYPES[opts.wdtype] <= DTYPES[opts.dtype] and 2 * need <= MAX_DB_SMEM_BYTES:
         choices.append((lay.cache_row, 3, DB_SMEM_REGS_HELD if lay.cache_row or full else DB_SMEM_REGS_READ))
-    gains = [c for c in choices if _resident(tgt, lay, c[2]) > _resident(tgt, lay, BWD_SUMS_REGS)]
+    # Rows held over 2 blocks with a masked chunk where holding them gains no block (7 or 8 warps:
+    # ptxas 157-161 registers, one block, not the reckoning's 2) are read again instead.
+    if lay.cache_row and not full and lay.cluster == 2 and opts.cache_row == -1 \
+            and DTYPES[opts.wdtype] <= DTYPES[opts.dtype] and 2 * need <= MAX_DB_SMEM_BYTES:
+        choices.append((False, 3, DB_SMEM_REGS_READ))
+    if wide_k:
+        choices = [(False, 1, BWD_SUMS_REGS)]
+    gains = [c for c in choices if _resident(tgt, lay, c[2]) > _resident(tgt, lay, in_regs)]
     if not gains:
         return lay  # no block gained over the sums in registers (224 or 256 threads with a masked chunk)
     held, db_smem, regs = gains[0]
-    if held and not lay.cache_row:  # the hints of rows held (_hint_policy), unless forced
-        lay = replace(lay, cache_row=True, hints=_hint_policy(replace(lay, cache_row=True), True, opts.has_weight)
+    if held != lay.cache_row:  # the hints of rows held or read again (_hint_policy), unless forced
+        lay = replace(lay, cache_row=held, hints=_hint_policy(replace(lay, cache_row=held), True, opts.has_weight)
                       if opts.hints == -1 else lay.hints)
+    if wide_k and opts.has_dres_out and opts.overlap == -1:
+        lay = replace(lay, overlap=0)  # the fused add's pass 2 loaded early spilled 8 bytes at the cap
     return replace(lay, db_smem=db_smem, min_blocks=lay.min_blocks or _resident(tgt, lay, regs))
 
 

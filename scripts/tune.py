@@ -22,13 +22,14 @@ import sys
 VARIANTS = {  # (op, N, dtype): layouts to compare, as NORMIR_TPR values ("0": the policy's)
     # v94 (v93: docs/results/2026-12-02-h200.md, run w). LayerNorm's backwards at 65536 (69% and
     # 63% of copy): 256 x 8 blocks, 4 chunks a thread, sums in registers: ptxas 217 and 196
-    # registers, one block a multiprocessor. db's sums in shared memory (d1: 32 KB; both would
-    # take 64) capped for 2 blocks: 128 registers, no spill (the fused add's spills 8 bytes with
-    # the 2 chunks of pass 2 loaded early, none without: o0). LayerNorm's rows of 8 warps held over
-    # 2 blocks with a masked chunk (157 registers, one block) read again with both sums in shared
-    # memory at 3 blocks, as at 6656 in v92 (+40%), at 7680.
-    ("ln_bwd", 65536, "bf16"): ("0", "256x8m2d1", "256x8m2o0d1"),
-    ("add_ln_bwd", 65536, "bf16"): ("0", "256x8m2d1", "256x8m2o0d1"),
+    # registers, one block a multiprocessor. The policy now: db's sums in shared memory (d1: 32
+    # KB; both would take 64) capped for 2 blocks: 128 registers, no spill (the fused add's spills
+    # 8 bytes with 2 chunks of pass 2 loaded early, none without: o0); "0d0": the sums in
+    # registers, as before. LayerNorm's rows of 8 warps held over 2 blocks with a masked chunk
+    # (157 registers, one block) read again with both sums in shared memory at 3 blocks, as at
+    # 6656 in v92 (+40%), at 7680.
+    ("ln_bwd", 65536, "bf16"): ("0", "0d0", "256x8m2o0d1"),
+    ("add_ln_bwd", 65536, "bf16"): ("0", "0d0", "256x8m2o0d1"),
     ("ln_bwd", 7680, "bf16"): ("0", "256x2m3r0d3"),
 }
 KERNEL = {"fwd": "rmsnorm_fwd", "bwd": "rmsnorm_bwd", "add_fwd": "fused_add_rmsnorm_fwd",

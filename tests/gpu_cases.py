@@ -285,21 +285,21 @@ LN_BIT_N = (1024, 65536)
 # sums in shared memory.
 LN_FUSED_N = (*FUSED_N, 512, 1280, 2560, 3456, 4096, 4608, 6144, 7168, 7424, 12288, 32768)
 # Beside the shared N set: LayerNorm's own backward held over 2 blocks of 3, 5 and 6 warps, both
-# sums in shared memory (a masked chunk at 4608); its forward streamed in 1024 threads capped for
-# 2 blocks (32768).
-LN_LAYOUT_N = (3072, 4608, 6144, 32768)
+# sums in shared memory (a masked chunk at 4608), and read again over 2 blocks of 8 warps with a
+# masked chunk (7680); its forward streamed in 1024 threads capped for 2 blocks (32768).
+LN_LAYOUT_N = (3072, 4608, 6144, 7680, 32768)
 # scripts/sanitize.py: (N, x's dtype): several rows per block with narrow vectors (100; 512 under
 # the fused add's register cap), rows split evenly (1600: the forward 16 threads a row, the
 # backward 4-byte chunks; 2560: the fused add's forward held at 2 chunks a thread), a masked tail
 # (2880), rows in registers (4096),
 # multi-warp rows (16384), the fused add's backward over 4 blocks of 4 warps with a masked chunk
-# (7168), both sums in shared memory over 2 blocks with a masked chunk (4608), rows over clusters
-# of 2 / 4 / 8 blocks (32768, 65536, 131072 in f32);
+# (7168), both sums in shared memory over 2 blocks with a masked chunk (4608; read again: 7680),
+# rows over clusters of 2 / 4 / 8 blocks (32768, 65536, 131072 in f32);
 # each with every SANITIZE_LN_COMBOS entry, (name, weight, bias, the residual's dtype, "x" for
 # x's, or None): weight and bias of x's type; the fused add gets d_residual_out. Atomic column
 # sums at SANITIZE_LN_ATOMIC_N (bf16), with and without an fp32 residual.
 SANITIZE_LN = ((100, "bf16"), (512, "bf16"), (1600, "bf16"), (2560, "bf16"), (2880, "bf16"), (4096, "f16"),
-               (4608, "bf16"), (7168, "bf16"), (16384, "bf16"), (32768, "bf16"), (65536, "bf16"), (131072, "f32"))
+               (4608, "bf16"), (7168, "bf16"), (7680, "bf16"), (16384, "bf16"), (32768, "bf16"), (65536, "bf16"), (131072, "f32"))
 SANITIZE_LN_COMBOS = (("plain", True, False, None), ("bias", True, True, None), ("no weight", False, False, None),
                       ("fused f32 residual", True, True, "f32"), ("fused", True, True, "x"))
 SANITIZE_LN_ATOMIC_N = (4096, 32768)

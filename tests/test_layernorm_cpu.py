@@ -206,6 +206,35 @@ def test_policy_moves_db_sums_where_a_block_is_gained(n, dres, db_smem, blocks, 
     assert (forced.db_smem, forced.min_blocks) == (1, 8)  # a forced cap stays
 
 
+def test_policy_moves_db_sums_of_4_chunk_rows_over_a_cluster():
+    # LayerNorm's backwards of 4 chunks a thread over a cluster, read again (16-bit, 40960-65536):
+    # db's sums in shared memory (both would not fit the slots), capped for 2 blocks; not in fp32
+    # rows, not on gfx950. 40960: 160 threads, 3 blocks.
+    for n, blocks in ((40960, 3), (65536, 2)):
+        for dres in (False, True):
+            lay = Options(kernel="layernorm_bwd", n=n, bdtype="f32", has_dres_out=dres).layout
+            got = (lay.k, lay.cluster, lay.cache_row, lay.db_smem, lay.min_blocks)
+            assert got == (4, 8, False, 1, blocks), (n, dres)
+    for kw in (dict(dtype="f32", wdtype="f32"), dict(target="gfx950")):
+        lay = Options(kernel="layernorm_bwd", n=65536, bdtype="f32", **kw).layout
+        assert not lay.db_smem and not lay.min_blocks, kw
+    # The fused add's pass 2 is not loaded early there (it spilled at the cap); LayerNorm's is.
+    assert Options(kernel="layernorm_bwd", n=65536, bdtype="f32", has_dres_out=True).layout.overlap == 0
+    assert Options(kernel="layernorm_bwd", n=65536, bdtype="f32").layout.overlap == 2
+
+
+def test_held_masked_rows_of_7_or_8_warps_over_2_blocks_are_read_again():
+    # LayerNorm's backward held over 2 blocks of 7 or 8 warps with a masked chunk (6400-7936):
+    # read again with both sums in shared memory, 3 blocks; not whole warps (7168), not over 4
+    # blocks (14848), not where cache_row is forced.
+    for n in (6656, 7680):
+        lay = Options(kernel="layernorm_bwd", n=n, bdtype="f32").layout
+        assert (lay.cluster, lay.cache_row, lay.db_smem, lay.min_blocks) == (2, False, 3, 3), n
+    for n, kw in ((7168, {}), (14848, {}), (7680, dict(cache_row=1))):
+        lay = Options(kernel="layernorm_bwd", n=n, bdtype="f32", **kw).layout
+        assert lay.cache_row and not lay.db_smem, (n, kw)
+
+
 def test_one_read_rows_of_a_masked_chunk_are_held():
     # LayerNorm's forward at N=2880 (360 chunks: not whole warps) holds the row at the streamed
     # layout's 96 threads, without its L2 hints; 4096 stays streamed.
