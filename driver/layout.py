@@ -186,9 +186,9 @@ def decide(opts: Options, tgt: targets.Target, spec: KernelSpec) -> Layout:
     elif opts.l2_prefetch == 1:
         raise ValueError(f"l2_prefetch=1: {spec.name} (a block per row group) has no L2 prefetch of a next row; "
                          "use -1 or 0")
-    chunk_bytes = sorted({lay.vec * DTYPES[t] for t in row_types(work, opts)})
-    hintable = tgt.hints and chunk_bytes == [MAX_VECTOR_BYTES]  # every row tensor in 16-byte chunks
+    hintable = _hintable(opts, tgt, work, lay)
     if opts.hints > 0 and not hintable:
+        chunk_bytes = sorted({lay.vec * DTYPES[t] for t in row_types(work, opts)})
         raise ValueError(f"hints={opts.hints}: {spec.name} on {opts.target} has no L2 eviction hints for "
                          f"{'/'.join(map(str, chunk_bytes))}-byte chunks (they need 16 and an NVVM target); "
                          "use -1 or 0")
@@ -212,6 +212,11 @@ def decide(opts: Options, tgt: targets.Target, spec: KernelSpec) -> Layout:
         raise AssertionError(f"layout policy bug: {spec.name} N={opts.n} has {lay.tpr} threads per row for "
                              f"{lay.nchunk} chunks; threads without a chunk may hang the block reduction")
     return lay
+
+
+def _hintable(opts: Options, tgt: targets.Target, work: RowWork, lay: Layout) -> bool:
+    """The target has L2 eviction hints and every row tensor moves in 16-byte chunks."""
+    return bool(tgt.hints) and {lay.vec * DTYPES[t] for t in row_types(work, opts)} == {MAX_VECTOR_BYTES}
 
 
 def _overlap(opts: Options, lay: Layout, persistent: bool) -> Layout:
@@ -349,8 +354,9 @@ def _db_smem(opts: Options, lay: Layout, tgt: targets.Target, work: RowWork, per
         return lay  # no block gained over the sums in registers (224 or 256 threads with a masked chunk)
     held, db_smem, regs = gains[0]
     if held != lay.cache_row:  # the hints of rows held or read again (_hint_policy), unless forced
+        policy = opts.hints == -1 and _hintable(opts, tgt, work, lay)
         lay = replace(lay, cache_row=held, hints=_hint_policy(replace(lay, cache_row=held), True, opts.has_weight)
-                      if opts.hints == -1 else lay.hints)
+                      if policy else lay.hints)
     if wide_k and opts.has_dres_out and opts.overlap == -1:
         lay = replace(lay, overlap=0)  # the fused add's pass 2 loaded early spilled 8 bytes at the cap
     return replace(lay, db_smem=db_smem, min_blocks=lay.min_blocks or _resident(tgt, lay, regs))

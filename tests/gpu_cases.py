@@ -299,7 +299,8 @@ LN_LAYOUT_N = (3072, 4608, 6144, 7680, 32768)
 # x's, or None): weight and bias of x's type; the fused add gets d_residual_out. Atomic column
 # sums at SANITIZE_LN_ATOMIC_N (bf16), with and without an fp32 residual.
 SANITIZE_LN = ((100, "bf16"), (512, "bf16"), (1600, "bf16"), (2560, "bf16"), (2880, "bf16"), (4096, "f16"),
-               (4608, "bf16"), (7168, "bf16"), (7680, "bf16"), (16384, "bf16"), (32768, "bf16"), (65536, "bf16"), (131072, "f32"))
+               (4608, "bf16"), (7168, "bf16"), (7680, "bf16"), (16384, "bf16"), (32768, "bf16"), (65536, "bf16"),
+               (131072, "f32"))
 SANITIZE_LN_COMBOS = (("plain", True, False, None), ("bias", True, True, None), ("no weight", False, False, None),
                       ("fused f32 residual", True, True, "f32"), ("fused", True, True, "x"))
 SANITIZE_LN_ATOMIC_N = (4096, 32768)

@@ -233,6 +233,12 @@ def test_held_masked_rows_of_7_or_8_warps_over_2_blocks_are_read_again():
     for n, kw in ((7168, {}), (14848, {}), (7680, dict(cache_row=1))):
         lay = Options(kernel="layernorm_bwd", n=n, bdtype="f32", **kw).layout
         assert lay.cache_row and not lay.db_smem, (n, kw)
+    # Cache hints only where every row tensor moves in 16-byte chunks (an fp32 residual_out beside
+    # 16-bit dy and dx: none; sm_90 verifies no narrower hinted access).
+    assert Options(kernel="layernorm_bwd", n=7680, bdtype="f32").layout.hints
+    mixed = Options(kernel="layernorm_bwd", n=7424, dtype="f32", rdtype="f32", odtype="bf16", xdtype="bf16",
+                    bdtype="f32").layout
+    assert not mixed.cache_row and mixed.hints == 0
 
 
 def test_one_read_rows_of_a_masked_chunk_are_held():
