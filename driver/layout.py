@@ -281,15 +281,15 @@ def _db_smem(opts: Options, lay: Layout, tgt: targets.Target, work: RowWork, per
       3246-3256 against 2916-2927; 12800 as 224 x 4 3077-3088 against 2735-2762; 14848 as 256 x 4
       3274-3277 against 2993-3011; in one block, 3328 as 224 x 1, 3 blocks, 3615-3647 against
       3317-3341, 3840 as 256 x 1 3683-3704 against 3512-3539. ptxas: 72-96 registers, no spill.
-      Not taken where it gains no block: 7 or 8 warps held (LayerNorm's 6400-7936 over 2 blocks,
-      157-161 registers and one block a multiprocessor: its rows read again with both sums moved
-      gained 40% at 6656, 2956-2969 against 2112-2122, and 36% at 7680, 3136-3168 against
-      2306-2330 (*tune-v94*): taken where the rows have a masked chunk over 2 blocks (6400-7936).
-      They lost 4% with whole warps (7168: 128 registers, 2 blocks) and over 4 blocks (14848);
+      Held rows of 7 or 8 warps gain no block that way. With a masked chunk over 2 blocks
+      (LayerNorm's 6400-7936: 157-161 registers, one block a multiprocessor) they are read
+      again with both sums moved: 6656 2956-2969 against 2112-2122 (+40%), 7680 3136-3168
+      against 2306-2330 (*tune-v94*). With whole warps (7168: 128 registers, 2 blocks) and over
+      4 blocks (14848) that lost 4%, and they keep their layouts;
     - rows of 4 chunks a thread over a cluster, read again, 16-bit, no masked chunk (LayerNorm's
-      backwards at 40960-65536): the sums in registers took 196-217 registers (BWD_SUMS4_REGS), one block;
-      both sums would not fit the slots, db's alone do (32 KB at 256 threads), capped for 2
-      blocks (BWD_SUMS_REGS; ptxas: 128, no spill). *tune-v94*, 65536: the fused add's 3156-3194
+      backwards at 40960-65536): the sums in registers took 196-217 registers (BWD_SUMS4_REGS),
+      one block; both sums would not fit the slots, db's alone do (32 KB at 256 threads), capped
+      for 2 blocks (BWD_SUMS_REGS; ptxas: 128, no spill). *tune-v94*, 65536: the fused add's 3156-3194
       against 2623-2637, with pass 2's chunks not loaded early (overlap 0: at 2 ptxas spilled 8
       bytes, 3069-3095); LayerNorm's 2880-2901 against 2626-2886 (a tie to +5%).
 
@@ -313,7 +313,7 @@ def _db_smem(opts: Options, lay: Layout, tgt: targets.Target, work: RowWork, per
     # Rows of 4 chunks a thread over a cluster, read again, 16-bit, every thread the same chunks
     # (LayerNorm's backwards at 65536): the sums in registers took 196-217 (ptxas), one block of
     # 256; db's alone fit the slots (with a masked chunk the cap spilled: 16416, 28704).
-    wide_k = lay.k == 4 and _full(lay) and lay.cluster > 1 and not lay.cache_row and DTYPES[opts.dtype] == 2
+    wide_k = lay.k == 4 and full and lay.cluster > 1 and not lay.cache_row and DTYPES[opts.dtype] == 2
     if not (persistent and tgt.min_blocks_attr and opts.has_weight and lay.dw_regs and not lay.stage
             and need <= MAX_DB_SMEM_BYTES and (lay.k <= 2 or wide_k) and sums_regs >= BWD_SPLIT_DW):
         return lay
