@@ -320,7 +320,9 @@ def _db_smem(opts: Options, lay: Layout, tgt: targets.Target, work: RowWork, per
     in_regs = BWD_SUMS4_REGS if wide_k else BWD_SUMS_REGS
     # Held rows over a cluster spilled at the cap in 3 warps (3072: 64 bytes) and beside an fp32
     # weight (4096: 8 bytes; tests/test_sm90_spill.py): whole powers of two, w no wider than x.
-    cluster_ok = lay.wpr & (lay.wpr - 1) == 0 and DTYPES[opts.wdtype] <= DTYPES[opts.dtype]
+    narrow_w = DTYPES[opts.wdtype] <= DTYPES[opts.dtype]
+    cluster_ok = lay.wpr & (lay.wpr - 1) == 0 and narrow_w
+    both_fit = narrow_w and 2 * need <= MAX_DB_SMEM_BYTES  # both sums' slots, beside a w no wider than x
     choices = []  # (rows held, db_smem, registers a thread), in order of preference
     if lay.cache_row and full and not opts.has_dres_out and lay.block <= BWD_WIDE_WARPS * lay.warp \
             and (lay.cluster == 1 or cluster_ok):
@@ -339,13 +341,11 @@ def _db_smem(opts: Options, lay: Layout, tgt: targets.Target, work: RowWork, per
     # block with a masked chunk read again: both sums moved, the rows held or read again as they
     # were, at the levels where ptxas keeps them unspilled (the fused add's rows read again in 6
     # or 7 whole warps spilled 8 bytes at 80).
-    elif (lay.cluster > 1 or not (full or lay.cache_row)) and lay.rows == 1 and not lay.db_smem \
-            and DTYPES[opts.wdtype] <= DTYPES[opts.dtype] and 2 * need <= MAX_DB_SMEM_BYTES:
+    elif (lay.cluster > 1 or not (full or lay.cache_row)) and lay.rows == 1 and not lay.db_smem and both_fit:
         choices.append((lay.cache_row, 3, DB_SMEM_REGS_HELD if lay.cache_row or full else DB_SMEM_REGS_READ))
     # Rows held over 2 blocks with a masked chunk where holding them gains no block (7 or 8 warps:
     # ptxas 157-161 registers, one block, not the reckoning's 2) are read again instead.
-    if lay.cache_row and not full and lay.cluster == 2 and opts.cache_row == -1 \
-            and DTYPES[opts.wdtype] <= DTYPES[opts.dtype] and 2 * need <= MAX_DB_SMEM_BYTES:
+    if lay.cache_row and not full and lay.cluster == 2 and opts.cache_row == -1 and both_fit:
         choices.append((False, 3, DB_SMEM_REGS_READ))
     if wide_k:
         choices = [(False, 1, BWD_SUMS_REGS)]
@@ -769,11 +769,11 @@ def fwd_layout(opts: Options, tgt: targets.Target, work: RowWork) -> Layout:
                 else _even_split(opts, tgt, hb)
             if held is not None and held.cache_row:
                 return held
-        return _two_blocks(tgt, _even_rows(opts, tgt, work, streamed, hb), two_reads)
+        return _two_blocks(tgt, _even_rows(opts, tgt, work, streamed, hb), two_reads, DTYPES[opts.dtype])
     return _even_rows(opts, tgt, work, lay, hb) if policy else lay
 
 
-def _two_blocks(tgt: targets.Target, lay: Layout, two_reads: bool) -> Layout:
+def _two_blocks(tgt: targets.Target, lay: Layout, two_reads: bool, elem_bytes: int) -> Layout:
     """A row read once and again (streamed) in a block of FWD_TWO_BLOCKS_THREADS threads or more
     is capped for 2 blocks a multiprocessor: ptxas gives such rows 40-49 registers, one block (ncu:
     LayerNorm's at 32768, 50% occupancy against RMSNorm's 92% at 32 registers). On the H200 (bf16,
@@ -782,9 +782,10 @@ def _two_blocks(tgt: targets.Target, lay: Layout, two_reads: bool) -> Layout:
     3585-3591 against 2748-2749, 32768 3747-3766 against 3330-3342; RMSNorm's 24576 4081-4100
     against 3373-3387, 32768 (32 registers either way) 4074-4100. Not two reads (the fused add's
     x and residual: 24576 3593-3602 against 4204-4205, 32768 3368-3378 against 4185-4198), nor
-    512 threads (LayerNorm's 16384 capped for 4 blocks: 3799-3812 against 4062-4080)."""
-    if tgt.min_blocks_attr and not two_reads and not lay.cache_row and lay.block >= FWD_TWO_BLOCKS_THREADS \
-            and not lay.min_blocks:
+    512 threads (LayerNorm's 16384 capped for 4 blocks: 3799-3812 against 4062-4080), nor fp32
+    rows (not measured)."""
+    if tgt.min_blocks_attr and not two_reads and elem_bytes == 2 and not lay.cache_row \
+            and lay.block >= FWD_TWO_BLOCKS_THREADS and not lay.min_blocks:
         return replace(lay, min_blocks=2)
     return lay
 

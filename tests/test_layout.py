@@ -603,7 +603,8 @@ def test_rows_cap_policy():
 def test_two_blocks_policy():
     # A streamed forward row of one read in FWD_TWO_BLOCKS_THREADS threads or more is capped for 2
     # blocks (one fit at ptxas's own registers); not two reads (the fused add's), not at 512
-    # threads, not held rows, not on gfx950, not where the layout or the cap is forced.
+    # threads, not held rows, not fp32 rows (not measured), not on gfx950, not where the layout or
+    # the cap is forced.
     def lay(n, **kw):
         return Options(kernel="layernorm_fwd", n=n, **{"bdtype": "bf16", **kw}).layout
 
@@ -612,7 +613,8 @@ def test_two_blocks_policy():
     assert Options(kernel="rmsnorm_fwd", n=24576).layout.min_blocks == 2
     fused = Options(kernel="fused_add_rmsnorm_fwd", n=32768, rdtype="bf16", store_residual=True).layout
     assert (fused.block, fused.cache_row, fused.min_blocks) == (1024, False, 0)
-    for n, kw in ((16384, {}), (2880, {}), (32768, dict(target="gfx950")), (32768, dict(tpr=1024))):
+    for n, kw in ((16384, {}), (2880, {}), (32768, dict(target="gfx950")), (32768, dict(tpr=1024)),
+                  (32768, dict(dtype="f32", wdtype="f32", bdtype="f32"))):
         assert not lay(n, **kw).min_blocks, (n, kw)
     assert lay(32768, min_blocks=1).min_blocks == 1
     assert S.FWD_TWO_BLOCKS_THREADS == 768
