@@ -38,8 +38,9 @@
 // WEIGHT_OFFSET; TARGET (gpu.module target attribute), KERNEL_ATTRS (a register bound), ENTRY,
 // ARGS (the signature, from the kernel catalogue) and ABSENT (the template's tensors a kernel
 // does not pass); the pieces STATS_PIECE (the op's math), RSQRT_PIECE, LATE_EXT_HT_PIECE (pass
-// 2's cast of the held h), CLUSTER_PIECE (cross-block sums), POLICY_PIECE (cache policies), and
-// the spliced pieces' own.
+// 2's cast of the held h), LATE_EXT_WT_PIECE and LATE_EXT_BT_PIECE (the weight's and bias's),
+// WB_CONTRACT (fastmath<contract>, x_hat * w + b as one fma, where the casts go by words, or none),
+// CLUSTER_PIECE (cross-block sums), POLICY_PIECE (cache policies), and the spliced pieces' own.
 // Tensors: x, residual, w, b, y, residual_out (rows of N or N columns), rstd and mean (fp32 per row);
 // scalars: rows, the row strides of x, residual, y and residual_out (elements), and the grid
 // size in blocks.
@@ -50,6 +51,8 @@ gpu.module @normir [${TARGET}] {
 // normir:splice ${STATS_PIECE}
 // normir:splice ${RSQRT_PIECE}
 // normir:splice ${LATE_EXT_HT_PIECE} TENSOR=h TYPE=${HT} EXT=${EXT_HT}
+// normir:splice ${LATE_EXT_WT_PIECE} TENSOR=w TYPE=${WT} EXT=${EXT_WT}
+// normir:splice ${LATE_EXT_BT_PIECE} TENSOR=b TYPE=${BT} EXT=${EXT_BT}
 // normir:splice ${CLUSTER_PIECE}
 // normir:splice ${POLICY_PIECE}
 // normir:splice common/row_io.mlir TENSOR=x TYPE=${T} ALIGN=${ALIGN_T} EB=${EB_T}
@@ -243,22 +246,22 @@ ${ABSENT}
                 %v = vector.load %w_arg[%col] {alignment = ${W_ALIGN}} : memref<${N}x${WT}>, vector<${V}x${WT}>
                 scf.yield %v : vector<${V}x${WT}>
               }
-              %wf0 = ${EXT_WT} %wv : vector<${V}x${WT}> to vector<${V}xf32>
+              %wf0 = func.call @normir_late_ext_w(%wv) : (vector<${V}x${WT}>) -> vector<${V}xf32>
               %wf = scf.if %has_offset -> (vector<${V}xf32>) {  // y = x_hat * (w + weight_offset)
                 %wo = arith.addf %wf0, %offset_v : vector<${V}xf32>
                 scf.yield %wo : vector<${V}xf32>
               } else {
                 scf.yield %wf0 : vector<${V}xf32>
               }
-              %yw = arith.mulf %xn, %wf : vector<${V}xf32>
+              %yw = arith.mulf %xn, %wf ${WB_CONTRACT} : vector<${V}xf32>
               scf.yield %yw : vector<${V}xf32>
             } else {
               scf.yield %xn : vector<${V}xf32>
             }
             %yb = scf.if %has_bias -> (vector<${V}xf32>) {
               %bv = vector.load %b_arg[%col] {alignment = ${ALIGN_BT}} : memref<${N}x${BT}>, vector<${V}x${BT}>
-              %bf = ${EXT_BT} %bv : vector<${V}x${BT}> to vector<${V}xf32>
-              %yb1 = arith.addf %yf, %bf : vector<${V}xf32>
+              %bf = func.call @normir_late_ext_b(%bv) : (vector<${V}x${BT}>) -> vector<${V}xf32>
+              %yb1 = arith.addf %yf, %bf ${WB_CONTRACT} : vector<${V}xf32>
               scf.yield %yb1 : vector<${V}xf32>
             } else {
               scf.yield %yf : vector<${V}xf32>

@@ -126,3 +126,27 @@ def test_edited_file_is_read_again(tmp_path):
     f.write_text("two\n")
     os.utime(f, ns=(f.stat().st_atime_ns, f.stat().st_mtime_ns + 10**9))
     assert r.read("k.mlir")[1] == "two\n"
+
+
+@pytest.mark.parametrize("kernel,n,extra,words", [
+    ("layernorm_fwd", 2880, {}, True),  # held, 32 elements a thread
+    ("layernorm_fwd", 32768, {}, True),  # streamed, capped for 2 blocks
+    ("layernorm_fwd", 65536, {}, True),  # held over a cluster, capped for 4
+    ("layernorm_fwd", 8192, {}, False),  # streamed at ptxas's own register count
+    ("layernorm_fwd", 2560, {}, False),  # held, 80 elements a thread
+    ("layernorm_fwd", 32768, {"rdtype": "bf16", "store_residual": True}, False),  # the fused add: two reads
+    ("rmsnorm_fwd", 65536, {}, False),  # RMSNorm's: a tie, the former text
+    ("layernorm_fwd", 2880, {"dtype": "f16", "wdtype": "f16"}, False),  # f16: the cast itself
+    ("layernorm_bwd", 2880, {}, False),  # a backward: element by element
+    ("layernorm_fwd", 2880, {"target": "gfx950"}, False),  # measured on the H200 alone
+])
+def test_casts_in_words_where_the_layout_fixes_registers(kernel, n, extra, words):
+    # The forward's pass-2 casts go by 32-bit words, with x_hat * w + b as one fma, only in rows read once whose
+    # layout fixes the registers (specialize._late_ext); elsewhere the text is as before.
+    opts = Options(kernel=kernel, n=n, bdtype="bf16" if kernel == "layernorm_fwd" else "", **extra)
+    text = specialize_source(opts).text
+    assert ("// normir common piece: late_ext for the row tensor h in bf16, by 32-bit words" in text) == words
+    assert ("arith.mulf %xn, %wf fastmath<contract>" in text) == words
+    assert ("arith.addf %yf, %bf fastmath<contract>" in text) == words
+    if words:
+        assert "func.func private @normir_late_ext_w(%v: vector<" in text and "%hi_bits = arith.andi" in text
