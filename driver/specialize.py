@@ -19,7 +19,6 @@ from .layout import (
     MAX_CLUSTER,
     MAX_VECTOR_BYTES,
     Layout,
-    reads,
     types,
 )
 from .options import Options, f32
@@ -53,24 +52,14 @@ def signature_values(opts: Options) -> dict[str, str]:
             "ABSENT": absent.rstrip("\n")}
 
 
-# A forward's held rows of at most this many elements a thread take the casts in words (_late_ext).
-WORDS_MAX_HELD = 32
-
-
-def _late_ext(t: str, vec: int, forward: bool, placeholder: str, words: bool) -> str:
-    """The late cast piece of the tensor of type placeholder (its type t). bf16 in a forward where
-    `words` (type_values) and a chunk has whole words: in 32-bit words, one instruction an element
-    (ptxas: LayerNorm's forward 10-14% fewer instructions; on the H200 2880 +5%, 32768 +5.5%, 65536
-    +2.4%, docs/tuning.md). Elsewhere the held row element by element, and w and b (WT, BT) by the
-    cast itself, as before: rows streamed at ptxas's own register count took fewer registers in
-    words, more blocks, and lost (LayerNorm's 8192 -3.5%, its fused add's 2880 -6%); longer held
-    rows took more (LayerNorm's 2560: 64 -> 127). A backward's held rows element by element (in
-    words RMSNorm's at 4096 spilled 4 bytes at its 64 registers). f16, f32: the cast itself."""
-    if t != "bf16":
+def _late_ext(t: str, placeholder: str, forward: bool, words: bool) -> str:
+    """The late cast piece of the tensor of type placeholder (its type t): bf16 by 32-bit words
+    where the layout says so (layout._cast_words); else a backward's or a forward's held row
+    element by element (in words RMSNorm's backward at 4096 spilled 4 bytes at its 64 registers),
+    and a forward's w and b by the cast itself; f16 and f32 by the cast itself."""
+    if t != "bf16" or (forward and not words and placeholder in ("WT", "BT")):
         return "common/late_ext_generic.mlir"
-    if forward and words and vec % 2 == 0:
-        return "common/late_ext_bf16_words.mlir"
-    return "common/late_ext_generic.mlir" if forward and placeholder in ("WT", "BT") else "common/late_ext_bf16.mlir"
+    return "common/late_ext_bf16_words.mlir" if words else "common/late_ext_bf16.mlir"
 
 
 def type_values(opts: Options) -> dict[str, str]:
@@ -79,14 +68,7 @@ def type_values(opts: Options) -> dict[str, str]:
     tys = types(opts)
     lay = opts.layout
     out: dict[str, str] = {}
-    # The casts in words (_late_ext) in bf16 rows of a wider summary (LayerNorm's) read once, where
-    # a cap fixes the registers or the rows held are short (measured on the H200 in bf16 alone).
-    # RMSNorm's forward (at the copy ceiling) and the fused adds' (two reads) tied, within 0.8%
-    # either way (*tune-v97*, -v101), and keep the former text.
-    work = KERNELS[opts.kernel].work
-    nvidia = targets.get(opts.target).is_nvidia
-    once = nvidia and work is not None and work.sums > 1 and len(reads(work, opts)) == 1 and tys["HT"] == "bf16"
-    words = once and (lay.min_blocks > 0 or (lay.cache_row and lay.k * lay.vec <= WORDS_MAX_HELD))
+    forward = KERNELS[opts.kernel].grid == "rows"
     for p in ("T", "RT", "HT", "YT", "XT", "WT", "BT"):
         t = tys[p]
         out[p] = t
@@ -94,10 +76,9 @@ def type_values(opts: Options) -> dict[str, str]:
         out[f"TRUNC_{p}"] = _cast("f32", t)
         out[f"ALIGN_{p}"] = str(min(MAX_VECTOR_BYTES, lay.vec * DTYPES[t]))
         out[f"EB_{p}"] = str(DTYPES[t])
-        out[f"LATE_EXT_{p}_PIECE"] = _late_ext(t, lay.vec, KERNELS[opts.kernel].grid == "rows", p, words)
+        out[f"LATE_EXT_{p}_PIECE"] = _late_ext(t, p, forward, lay.cast_words)
     out["X_TO_H"] = _cast(tys["T"], tys["HT"])
-    # x_hat * w + b as one fma where the casts go by words (the same register reckoning).
-    out["WB_CONTRACT"] = "fastmath<contract>" if words else ""
+    out["WB_CONTRACT"] = "fastmath<contract>" if lay.cast_words else ""  # x_hat * w + b as one fma
     out["HALF_V"] = str(max(1, lay.vec // 2))  # late_ext_bf16_words: a chunk's 32-bit words
     return out
 

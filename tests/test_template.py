@@ -142,8 +142,9 @@ def test_edited_file_is_read_again(tmp_path):
 ])
 def test_casts_in_words_where_the_layout_fixes_registers(kernel, n, extra, words):
     # The forward's pass-2 casts go by 32-bit words, with x_hat * w + b as one fma, only in rows read once whose
-    # layout fixes the registers (specialize._late_ext); elsewhere the text is as before.
+    # layout fixes the registers (layout._cast_words); elsewhere the text is as before.
     opts = Options(kernel=kernel, n=n, bdtype="bf16" if kernel == "layernorm_fwd" else "", **extra)
+    assert opts.layout.cast_words == words
     text = specialize_source(opts).text
     assert ("// normir common piece: late_ext for the row tensor h in bf16, by 32-bit words" in text) == words
     assert ("arith.mulf %xn, %wf fastmath<contract>" in text) == words

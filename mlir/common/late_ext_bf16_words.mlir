@@ -4,8 +4,9 @@
   // extf: the register copy of the row stays packed (2 bytes an element) instead of as fp32. Each
   // word holds two elements: the low one is the word shifted up 16 bits, the high one the word
   // with its low 16 bits cleared: one instruction an element, where extf and late_ext_bf16.mlir's
-  // form take two for the high one (a byte permute, then a shift). LayerNorm's forwards of one read
-  // whose layout fixes the registers take it; the rest keep late_ext_bf16.mlir (specialize._late_ext).
+  // form take two for the high one (a byte permute, then a shift). LayerNorm's forwards of one
+  // read whose layout fixes the registers take it (layout._cast_words); the rest keep
+  // late_ext_bf16.mlir.
   func.func private @normir_late_ext_${TENSOR}(%v: vector<${V}xbf16>) -> vector<${V}xf32>
       attributes {llvm.linkage = #llvm.linkage<internal>} {
     %sixteen = arith.constant 16 : i32
