@@ -61,6 +61,7 @@ FWD_TWO_BLOCKS_THREADS = 768  # a streamed forward row of this many threads or m
 # Persistent kernels split rows whose column sums need more than this many registers per thread:
 # with 64 (N=32768 bf16 in one 512-thread block) ptxas caps the block at 128 registers and spills.
 BWD_SPLIT_DW = 32
+BWD_MAX_SUMS_THREADS = 512  # persistent rows read again, sums in BWD_SPLIT_DW registers: threads a block before a cluster
 BWD_WIDE_WARPS = 4  # persistent rows with a wider row summary: warps per block before a cluster (bwd_layout)
 # A forward's rows split evenly (_even_rows): at most this many elements a thread, at least
 # FWD_EVEN_MIN_K chunks (one or two a thread lost, *tune-v83*), rows of at most FWD_EVEN_MAX_CHUNKS
@@ -210,27 +211,60 @@ def decide(opts: Options, tgt: targets.Target, spec: KernelSpec) -> Layout:
         lay = replace(lay, prefetch_w=False)  # the weight's registers must fit the cap too
     lay = _overlap(opts, lay, persistent)
     lay = _db_smem(opts, lay, tgt, work, persistent)
-    lay = replace(lay, cast_words=not persistent and _cast_words(opts, tgt, work, lay))
+    lay = _cast_words(opts, tgt, work, lay, persistent)
     if lay.tpr > lay.nchunk:  # the policy's own layouts; forced ones are refused in _forced
         raise AssertionError(f"layout policy bug: {spec.name} N={opts.n} has {lay.tpr} threads per row for "
                              f"{lay.nchunk} chunks; threads without a chunk may hang the block reduction")
     return lay
 
 
-def _cast_words(opts: Options, tgt: targets.Target, work: RowWork, lay: Layout) -> bool:
-    """A forward's pass-2 bf16 casts (the held row, w, b) by 32-bit words, one instruction an
+def _cast_words(opts: Options, tgt: targets.Target, work: RowWork, lay: Layout, persistent: bool) -> Layout:
+    """CAST_WORDS, forced or the policy's: pass 2's bf16 casts by 32-bit words, one instruction an
     element (common/late_ext_bf16_words.mlir; extf's high half takes a byte permute and a shift),
-    and x_hat * w + b as one fma: in bf16 rows of a wider summary (LayerNorm's) read once, in
-    chunks of whole words, where a cap fixes the registers or the rows held have at most
-    WORDS_MAX_HELD elements a thread. On the H200 (bf16, weight and bias, *tune-v96* to -v101;
-    ptxas: 10-14% fewer instructions), former text against new: 2880 3728-3752 -> 3927-3945,
-    32768 3742-3774 -> 3949-3977, 65536 3458-3466 -> 3537-3552, 896 +1.3%. Rows streamed at
-    ptxas's own register count took fewer registers in words, more blocks, and lost (8192: 40 ->
-    32 registers, 6 -> 8 blocks, -3.5%; the fused add's 2880 -6%); longer held rows took more
-    (2560: 64 -> 127). RMSNorm's forward and the fused adds' (two reads) tied within 0.8%."""
-    once = tgt.is_nvidia and work.sums > 1 and len(reads(work, opts)) == 1 and opts.held_dtype == "bf16"
-    fixed = lay.min_blocks > 0 or (lay.cache_row and lay.k * lay.vec <= WORDS_MAX_HELD)
-    return once and fixed and lay.vec % 2 == 0
+    and in the forward x_hat * w + b as one fma. NVIDIA only (gfx950 keeps its text). On the H200
+    (bf16, weight and bias; GB/s, former text against new):
+
+    - LayerNorm's forwards of one read (ptxas: 10-14% fewer instructions), where a cap fixes the
+      registers or the rows held have at most WORDS_MAX_HELD elements a thread (*tune-v96* to
+      -v101): 2880 3728-3752 -> 3927-3945, 32768 3742-3774 -> 3949-3977, 65536 3458-3466 ->
+      3537-3552, 896 +1.3%. Longer held rows took more registers (2560: 64 -> 127);
+    - their rows streamed in 4 chunks a thread (batch_reload) take the words with pass 2 chunk by
+      chunk where the row's warps are not a power of two (*tune-v102*): 5120 3968-3989 ->
+      4092-4114, 6144 3997-4000 -> 4112-4113, 7168 3966-3984 -> 4120, 12288 3963-3988 -> 4105.
+      There ptxas keeps its 40 registers; at 4096, 8192 and 16384 (shifts for the chunks'
+      addresses) it takes 32, more blocks hold rows between their two reads, and the words lost
+      (8192: 4055-4087 -> 3945-3948; 4096 -3%, 16384 a tie). RMSNorm's forward and the fused adds'
+      (two reads) tied within 0.8% (*tune-v97*, -v101);
+    - LayerNorm's backwards (*tune-v102*, -v103): +0.8-3% at 2880-65536 (65536 2854-2902 ->
+      2942-2983, 32768 3216-3243 -> 3281-3303, 2880 3352-3388 -> 3403-3447), a tie at 1024-4096;
+      the fused add's rows read again +2.3-3.5% (2880, 65536). Not taken: the fused add's rows
+      held (capped for 6 blocks at 5632-7168 they spill 16 bytes instead of 8; 7168 -0.6%) or
+      read with an fp32 weight (8-16 bytes spilled at their caps: 4096, 12320, 24640); RMSNorm's
+      backwards: +1-1.4% where rows are read again (2880, 32768, 65536), a tie at 4096, but its
+      held rows took 96 registers for 80 (1024-2048, 2 blocks fewer), its 4096 spilled 4 bytes
+      without L2 hints, staged rows lost 2% (7168), and the fused add's tied (1600, 4096, 65536)
+      with a block fewer at 8704 and 9728."""
+    if opts.cast_words != -1:
+        words = bool(opts.cast_words)
+        if words and lay.vec % 2:
+            raise ValueError(f"cast_words=1 needs chunks of whole 32-bit words (an even vec; here {lay.vec}); "
+                             "use -1 or 0")
+        return replace(lay, cast_words=words)
+    if not tgt.is_nvidia or lay.vec % 2:
+        return lay
+    if persistent:
+        bf16_rows = "bf16" in {types(opts)[t] for t in reads(work, opts)}
+        rows_fit = not lay.cache_row or _wide_sums(work, opts)
+        narrow_w = not opts.has_dres_out or DTYPES[opts.wdtype] <= 2
+        return replace(lay, cast_words=bf16_rows and work.sums > 1 and not lay.stage and rows_fit and narrow_w)
+    if not (work.sums > 1 and len(reads(work, opts)) == 1 and opts.held_dtype == "bf16"):
+        return lay
+    if lay.min_blocks > 0 or (lay.cache_row and lay.k * lay.vec <= WORDS_MAX_HELD):
+        return replace(lay, cast_words=True)
+    warps = lay.block // tgt.warp
+    if lay.batch_reload and opts.batch_reload == -1 and warps & (warps - 1):
+        return replace(lay, cast_words=True, batch_reload=False)
+    return lay
 
 
 def _hintable(opts: Options, tgt: targets.Target, work: RowWork, lay: Layout) -> bool:
@@ -457,7 +491,17 @@ def bwd_layout(opts: Options, tgt: targets.Target, work: RowWork) -> Layout:
         # 224 x 2 3756 against 3327-3328, *tune-v83*).
         wide = _wide_sums(work, opts) and c == 1 and not tpr and lay.k <= 2 and lay.tpr > BWD_WIDE_WARPS * tgt.warp \
             and (lay.k != lay.kfull or _full(share(2)))
-        return not lay.dw_regs or lay.k * lay.vec * col_sums(work, opts) > BWD_SPLIT_DW or wide
+        # Rows read again whose one column sum (dw's; no db's for _db_smem to move) takes all
+        # BWD_SPLIT_DW registers a thread, in a block of more than BWD_MAX_SUMS_THREADS: the
+        # block's share of the register file (72-96 a thread at 544-896 threads) does not hold
+        # the sums and the row's chunks, and ptxas spilled 48-296 bytes (16-bit RMSNorm's
+        # backward and its fused add's at 16640-30720 and 33024-61440). On the H200
+        # (*tune-v104*): 24576 as 768 x 2 blocks 3401-3483 GB/s against 2161-2168, 49152 as
+        # 768 x 4 3736-3755 against 2152-2175.
+        sums = col_sums(work, opts)
+        crowded = not lay.cache_row and sums == 1 and lay.k * lay.vec >= BWD_SPLIT_DW \
+            and lay.block > BWD_MAX_SUMS_THREADS
+        return not lay.dw_regs or lay.k * lay.vec * col_sums(work, opts) > BWD_SPLIT_DW or wide or crowded
 
     c = _split(n, vec, tgt, opts.cluster, tpr, too_big)
     lay = _clustered(share(c), c)

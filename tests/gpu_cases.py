@@ -52,12 +52,15 @@ OTHER_WEIGHT_N = (100, 2880, 65536)  # test_weight_in_another_dtype: each type r
 # (N, dtype) for the backward without a weight, whose policy differs (layout._cache_row):
 # the row held in registers, staged through shared memory, every chunk loaded inside the barrier,
 # and the cache hints of held rows neither staged nor split (2048, 2880, 4096).
+# Rows past 16384 whose dw sums fill BWD_SPLIT_DW registers: split over a cluster (layout.bwd_layout's
+# crowded rows; one block of 640-768 threads spilled): RMSNorm's backward and its fused add's.
+SUMS_SPLIT_N = (20480, 24576, 49152)
 NO_WEIGHT_CASES = ((2048, "bf16"), (4096, "bf16"), (4096, "f16"), (2880, "f32"), (16384, "bf16"), (32768, "bf16"),
                    (65536, "f16"))
 
 
 def tpr_value(layout: dict) -> str:
-    """A forced layout as a NORMIR_TPR value: TPR[xCLUSTER][pN][sN][mN][hN][oN][rN][bN][dN][nN]."""
+    """A forced layout as a NORMIR_TPR value: TPR[xCLUSTER][pN][sN][mN][hN][oN][rN][bN][dN][nN][wN]."""
     out = f"{layout.get('tpr', 0)}x{layout.get('cluster', 0)}"
     if layout.get("l2_prefetch", -1) >= 0:
         out += f"p{layout['l2_prefetch']}"
@@ -77,6 +80,8 @@ def tpr_value(layout: dict) -> str:
         out += f"d{layout['db_smem']}"
     if layout.get("max_regs", 0):
         out += f"n{layout['max_regs']}"
+    if layout.get("cast_words", -1) >= 0:
+        out += f"w{layout['cast_words']}"
     return out
 
 # Fused residual-add RMSNorm (test_gpu_fused_add.py). Each combination of dtypes and features:
@@ -197,6 +202,10 @@ def specializations() -> list[dict]:
         plan += _bwd(n, dt, dt, **bwd) + _bwd(n, dt, dt, has_weight=False, **bwd)
     for n, dt in NO_WEIGHT_CASES:
         plan += [_fwd(n, dt, dt, has_weight=False)] + _bwd(n, dt, dt, has_weight=False)
+    for n in SUMS_SPLIT_N:
+        for dt in ("bf16", "f16"):
+            plan += [_fwd(n, dt, dt)] + _bwd(n, dt, dt)
+            plan += [fused_fwd(n, dt, dt)] + fused_bwd(n, dt, dt)
     for n, c, dt in CLUSTER_CASES:
         plan += [_fwd(n, dt, dt, cluster=c), _fwd(n, dt, dt, cluster=c, has_weight=False)]
         plan += _bwd(n, dt, dt, cluster=c) + _bwd(n, dt, dt, cluster=c, has_weight=False)

@@ -19,6 +19,7 @@ from gpu_cases import (
     FUSED_N,
     FWD_M,
     FWD_N,
+    SUMS_SPLIT_N,
     TRAIN_N,
 )
 from gpu_helpers import TOL, TORCH, make, poison, rel_err, tensors
@@ -78,6 +79,13 @@ def test_fused_add_matches_reference(dt, n, m):
 @pytest.mark.parametrize("combo", FUSED_COMBOS, ids=lambda c: "-".join(str(v) for v in c))
 def test_dtypes_and_features(combo, n, prenorm):
     check((199, n), *combo, prenorm=prenorm)
+
+
+@pytest.mark.parametrize("n", SUMS_SPLIT_N)
+@pytest.mark.parametrize("dt", ("bf16", "f16"))
+def test_rows_split_for_their_sums(dt, n):
+    # Past 16384 the backward's rows whose dw sums fill a thread's share go over a cluster (layout.bwd_layout).
+    check((199, n), dt, dt)
 
 
 @pytest.mark.parametrize("eps", EPS)

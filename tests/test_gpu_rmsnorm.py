@@ -117,6 +117,15 @@ def test_fwd_without_rstd_returns_none_and_leaves_x_alone():
     assert rstd is None and torch.equal(x, x0)
 
 
+@pytest.mark.parametrize("n", cases.SUMS_SPLIT_N)
+@pytest.mark.parametrize("dt", ("bf16", "f16"))
+def test_bwd_rows_split_for_their_sums(dt, n):
+    # Rows whose dw sums fill a thread's share in one block of more than 512 threads go over a cluster.
+    _, lay = launch.handle("rmsnorm_bwd", 0, n, dt, dt, BWD_KEY_EPS, True, False, max_vec(n, DTYPES[dt]))
+    assert lay.cluster > 1 and lay.block <= 512
+    check_bwd(make((199, n), TORCH[dt]), make((n,), TORCH[dt]) + 1, 1e-6)
+
+
 @pytest.mark.large
 @pytest.mark.parametrize("n", LARGE_N)
 @pytest.mark.parametrize("dt", DTYPE_NAMES)

@@ -132,12 +132,12 @@ def test_edited_file_is_read_again(tmp_path):
     ("layernorm_fwd", 2880, {}, True),  # held, 32 elements a thread
     ("layernorm_fwd", 32768, {}, True),  # streamed, capped for 2 blocks
     ("layernorm_fwd", 65536, {}, True),  # held over a cluster, capped for 4
-    ("layernorm_fwd", 8192, {}, False),  # streamed at ptxas's own register count
+    ("layernorm_fwd", 7168, {}, True),  # streamed, 7 warps: pass 2 chunk by chunk
+    ("layernorm_fwd", 8192, {}, False),  # streamed, 8 warps: ptxas would take fewer registers, more blocks
     ("layernorm_fwd", 2560, {}, False),  # held, 80 elements a thread
     ("layernorm_fwd", 32768, {"rdtype": "bf16", "store_residual": True}, False),  # the fused add: two reads
     ("rmsnorm_fwd", 65536, {}, False),  # RMSNorm's: a tie, the former text
     ("layernorm_fwd", 2880, {"dtype": "f16", "wdtype": "f16"}, False),  # f16: the cast itself
-    ("layernorm_bwd", 2880, {}, False),  # a backward: element by element
     ("layernorm_fwd", 2880, {"target": "gfx950"}, False),  # measured on the H200 alone
 ])
 def test_casts_in_words_where_the_layout_fixes_registers(kernel, n, extra, words):
@@ -151,3 +151,47 @@ def test_casts_in_words_where_the_layout_fixes_registers(kernel, n, extra, words
     assert ("arith.addf %yf, %bf fastmath<contract>" in text) == words
     if words:
         assert "func.func private @normir_late_ext_w(%v: vector<" in text and "%hi_bits = arith.andi" in text
+
+
+def test_streamed_rows_in_words_load_pass_2_chunk_by_chunk():
+    # The streamed rows that take the words drop batch_reload (the pair measured together); forced
+    # batch_reload keeps the user's choice, and the words stay off unless forced too.
+    lay = Options(kernel="layernorm_fwd", n=7168, bdtype="bf16").layout
+    assert lay.cast_words and not lay.batch_reload and not lay.cache_row
+    forced = Options(kernel="layernorm_fwd", n=7168, bdtype="bf16", batch_reload=1).layout
+    assert forced.batch_reload and not forced.cast_words
+    assert Options(kernel="layernorm_fwd", n=8192, bdtype="bf16").layout.batch_reload
+
+
+@pytest.mark.parametrize("kernel,n,extra,words", [
+    ("layernorm_bwd", 2880, {}, True),  # rows read again
+    ("layernorm_bwd", 7168, {}, True),  # LayerNorm's rows held
+    ("layernorm_bwd", 7168, {"has_dres_out": True}, False),  # the fused add's rows held, capped: spill
+    ("layernorm_bwd", 65536, {"has_dres_out": True}, True),  # the fused add's rows read again
+    ("layernorm_bwd", 4096, {"has_dres_out": True, "wdtype": "f32"}, False),  # an fp32 weight: spill at the cap
+    ("layernorm_bwd", 8192, {"stage": 1, "cache_row": 0}, False),  # staged
+    ("rmsnorm_bwd", 2880, {}, False),  # RMSNorm's: +1% read again, but held rows take 96 registers for 80
+    ("fused_add_rmsnorm_bwd", 65536, {"has_dres_out": True}, False),  # a tie
+    ("layernorm_bwd", 2880, {"dtype": "f16", "wdtype": "f16"}, False),  # no bf16 row
+    ("layernorm_bwd", 2880, {"target": "gfx950"}, False),  # measured on the H200 alone
+])
+def test_backward_casts_in_words(kernel, n, extra, words):
+    # The backward's x and dy go by words where layout._cast_words takes them; its math is unchanged (no fma).
+    opts = Options(kernel=kernel, n=n, bdtype="f32" if kernel == "layernorm_bwd" else "", **extra)
+    assert opts.layout.cast_words == words
+    text = specialize_source(opts).text
+    for tensor in ("x", "dy"):
+        piece = f"// normir common piece: late_ext for the row tensor {tensor} in bf16, by 32-bit words"
+        assert (piece in text) == words
+    assert "fastmath<contract>" not in text
+
+
+def test_forced_cast_words():
+    on = Options(kernel="rmsnorm_bwd", n=1024, cast_words=1)
+    assert on.layout.cast_words and "by 32-bit words" in specialize_source(on).text
+    off = Options(kernel="layernorm_fwd", n=2880, bdtype="bf16", cast_words=0)
+    assert not off.layout.cast_words and "by 32-bit words" not in specialize_source(off).text
+    with pytest.raises(ValueError, match="cast_words=1 needs chunks of whole 32-bit words"):
+        Options(kernel="layernorm_fwd", n=1023, bdtype="bf16", cast_words=1)
+    with pytest.raises(ValueError, match="cast_words"):
+        Options(kernel="layernorm_fwd", n=2880, cast_words=2)
