@@ -495,13 +495,15 @@ def bwd_layout(opts: Options, tgt: targets.Target, work: RowWork) -> Layout:
         # BWD_SPLIT_DW registers a thread, in a block of more than BWD_MAX_SUMS_THREADS: the
         # block's share of the register file (72-96 a thread at 544-896 threads) does not hold
         # the sums and the row's chunks, and ptxas spilled 48-296 bytes (16-bit RMSNorm's
-        # backward and its fused add's at 16640-30720 and 33024-61440). On the H200
-        # (*tune-v104*): 24576 as 768 x 2 blocks 3401-3483 GB/s against 2161-2168, 49152 as
-        # 768 x 4 3736-3755 against 2152-2175.
+        # backward and its fused add's at 16640-30720 and 33024-61440). On the H200 (bf16,
+        # *tune-v105*), RMSNorm's backward: 20480 as 320 x 2 blocks 3628-3640 GB/s against
+        # 2853-2862 in one block, 24576 as 384 x 2 3636-3776 against 2152-2159, 49152 as 384 x 4
+        # 3655-3698 against 2146-2167 (768 x 4 of 2 chunks a thread: 3697-3736); the fused add's
+        # 24576 3510-3525 against 2350-2359 (768 x 2: 3718-3773).
         sums = col_sums(work, opts)
         crowded = not lay.cache_row and sums == 1 and lay.k * lay.vec >= BWD_SPLIT_DW \
             and lay.block > BWD_MAX_SUMS_THREADS
-        return not lay.dw_regs or lay.k * lay.vec * col_sums(work, opts) > BWD_SPLIT_DW or wide or crowded
+        return not lay.dw_regs or lay.k * lay.vec * sums > BWD_SPLIT_DW or wide or crowded
 
     c = _split(n, vec, tgt, opts.cluster, tpr, too_big)
     lay = _clustered(share(c), c)
