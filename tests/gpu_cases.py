@@ -53,7 +53,7 @@ OTHER_WEIGHT_N = (100, 2880, 65536)  # test_weight_in_another_dtype: each type r
 # the row held in registers, staged through shared memory, every chunk loaded inside the barrier,
 # and the cache hints of held rows neither staged nor split (2048, 2880, 4096).
 # Rows past 16384 whose dw sums fill BWD_SPLIT_DW registers: split over a cluster (layout.bwd_layout's
-# crowded rows; one block of 640-768 threads spilled): RMSNorm's backward and its fused add's.
+# crowded rows; one block of 544-896 threads spilled): RMSNorm's backward and its fused add's.
 SUMS_SPLIT_N = (20480, 24576, 49152)
 NO_WEIGHT_CASES = ((2048, "bf16"), (4096, "bf16"), (4096, "f16"), (2880, "f32"), (16384, "bf16"), (32768, "bf16"),
                    (65536, "f16"))
