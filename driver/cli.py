@@ -37,7 +37,7 @@ class UsageError(ValueError):
 
 # Options fields set by compile's flags (the flag is the field with - for _), with their defaults.
 _LAYOUT_FLAGS = ("tpr", "cluster", "l2_prefetch", "stage", "min_blocks", "max_regs", "hints", "overlap",
-                 "cache_row", "batch_reload", "db_smem", "cast_words")
+                 "cache_row", "batch_reload", "db_smem", "cast_words", "two_pass")
 
 
 # ... and the fused ops' features (kernels.KernelSpec.features), under the same rule.
@@ -373,6 +373,9 @@ def _parser() -> argparse.ArgumentParser:
                    help="backward with a bias: db's column sums in shared memory, each thread its own slots (1), "
                         "in 16-byte quarters without bank conflicts (2), dw's too in quarters (3), or in "
                         "registers (0)")
+    c.add_argument("--two-pass", type=int, default=-1, choices=(-1, 0, 1),
+                   help="LayerNorm's forward of held rows: the row's sum, then the squared deviations from its mean "
+                        "over the held chunks, two plain reductions (1), or Chan's merges of (n, mean, M2) (0)")
     c.add_argument("--cast-words", type=int, default=-1, choices=(-1, 0, 1),
                    help="pass 2's bf16 casts by 32-bit words, one instruction an element (1; the forward's "
                         "x_hat * w + b as one fma), or element by element (0)")

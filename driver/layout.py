@@ -100,6 +100,7 @@ class Layout:
     overlap: int = 0  # persistent over a cluster: pass 2's first chunks loaded between posting the total and the wait
     db_smem: int = 0  # persistent with a bias: db's column sums in shared memory, each thread its own (Options.db_smem)
     cast_words: bool = False  # the forward's pass-2 bf16 casts by 32-bit words, x_hat * w + b one fma (_cast_words)
+    two_pass: bool = False  # LayerNorm's held rows: the variance by a second pass over the held chunks (_two_pass)
 
     @property
     def smem_bytes(self) -> int:
@@ -118,6 +119,12 @@ class Layout:
     @property
     def wpr(self) -> int:
         return max(1, self.tpr // self.warp)
+
+    @property
+    def equal_counts(self) -> bool:
+        """Every thread of a row has as many chunks, and the warp totals are a power of two: each
+        butterfly step merges two summaries over as many elements."""
+        return self.k == self.kfull and self.wpr & (self.wpr - 1) == 0
 
     @property
     def unroll_limit(self) -> int:
@@ -212,6 +219,7 @@ def decide(opts: Options, tgt: targets.Target, spec: KernelSpec) -> Layout:
     lay = _overlap(opts, lay, persistent)
     lay = _db_smem(opts, lay, tgt, work, persistent)
     lay = _cast_words(opts, tgt, work, lay, persistent)
+    lay = _two_pass(opts, tgt, work, lay, persistent)
     if lay.tpr > lay.nchunk:  # the policy's own layouts; forced ones are refused in _forced
         raise AssertionError(f"layout policy bug: {spec.name} N={opts.n} has {lay.tpr} threads per row for "
                              f"{lay.nchunk} chunks; threads without a chunk may hang the block reduction")
@@ -265,6 +273,25 @@ def _cast_words(opts: Options, tgt: targets.Target, work: RowWork, lay: Layout, 
     if lay.batch_reload and opts.batch_reload == -1 and warps & (warps - 1):
         return replace(lay, cast_words=True, batch_reload=False)
     return lay
+
+
+def _two_pass(opts: Options, tgt: targets.Target, work: RowWork, lay: Layout, persistent: bool) -> Layout:
+    """TWO_PASS, forced or the policy's: LayerNorm's forward over rows held in registers, one row
+    a block: pass 1 sums the row (a plain block sum), a second pass over the held chunks sums the
+    squared deviations from its mean (a second plain sum): the exact two-pass variance, with no
+    counts and no reciprocal in the merges. The policy takes it where threads own unequal chunk
+    counts (or the warps are not a power of two), so that Chan's merges would take the general
+    update, a reciprocal a butterfly step: with the equal-count form in their place (a bound,
+    wrong statistics) LayerNorm's forward at 2880 ran 4022-4063 GB/s against 3951-3975
+    (*tune-v106*)."""
+    fits = not persistent and work.sums > 1 and lay.cache_row and lay.cluster == 1 and lay.rows == 1
+    if opts.two_pass == 1 and not fits:
+        raise ValueError(f"two_pass=1 needs LayerNorm's forward with its rows held in registers, one row a "
+                         f"block and no cluster (here {opts.kernel}, cache_row={lay.cache_row}, rows={lay.rows}, "
+                         f"cluster={lay.cluster}); use -1 or 0")
+    if opts.two_pass != -1:
+        return replace(lay, two_pass=bool(opts.two_pass))
+    return replace(lay, two_pass=fits and tgt.is_nvidia and not lay.equal_counts)
 
 
 def _hintable(opts: Options, tgt: targets.Target, work: RowWork, lay: Layout) -> bool:

@@ -72,6 +72,7 @@ class Options:
     batch_reload: int = -1  # rows read twice, 1/0: pass 2 loads all its chunks before computing or not; -1: policy
     db_smem: int = -1  # backward with a bias: db's column sums in shared memory (1; 2 in conflict-free quarters; 3 dw's
     # too, in quarters) or registers (0); -1: the policy's
+    two_pass: int = -1  # 1/0: LayerNorm's held rows: the variance from a second pass and a second sum, or Chan; -1: policy
     cast_words: int = -1  # 1/0: pass 2's bf16 casts by 32-bit words (forward: x_hat * w + b one fma) or not; -1: policy
     layout: Layout = field(init=False, compare=False, repr=False)
 
@@ -132,6 +133,8 @@ class Options:
         _check_int("db_smem", self.db_smem, -1, 3,
                    "choose 1 (db's column sums in shared memory), 2 (in conflict-free quarters), 3 (dw's too), "
                    "0 (in registers) or -1 (the policy's)")
+        _check_int("two_pass", self.two_pass, -1, 1,
+                   "choose 1 (the variance by a second pass over the held row), 0 (Chan's merges) or -1 (the policy's)")
         _check_int("cast_words", self.cast_words, -1, 1,
                    "choose 1 (pass 2's bf16 casts by 32-bit words), 0 (element by element) or -1 (the policy's)")
         _check_int("max_regs", self.max_regs, 0, tgt.max_regs,

@@ -77,6 +77,9 @@ def type_values(opts: Options) -> dict[str, str]:
         out[f"ALIGN_{p}"] = str(min(MAX_VECTOR_BYTES, lay.vec * DTYPES[t]))
         out[f"EB_{p}"] = str(DTYPES[t])
         out[f"LATE_EXT_{p}_PIECE"] = _late_ext(t, p, forward, lay.cast_words)
+    # TWO_PASS's second pass casts the held row too: in the other bf16 spelling than pass 2's, so that
+    # LLVM does not share them (shared, LayerNorm's forward at 2880 took 64 registers for 54).
+    out["LATE_EXT_DEV_PIECE"] = _late_ext(tys["HT"], "HT", forward, not lay.cast_words and lay.vec % 2 == 0)
     out["X_TO_H"] = _cast(tys["T"], tys["HT"])
     out["WB_CONTRACT"] = "fastmath<contract>" if lay.cast_words else ""  # x_hat * w + b as one fma
     out["HALF_V"] = str(max(1, lay.vec // 2))  # late_ext_bf16_words: a chunk's 32-bit words
@@ -106,11 +109,13 @@ def stats_values(opts: Options) -> dict[str, str]:
     def lanes(acc: str) -> int:
         return int(acc[:-1] or 1) * v if acc.endswith("V") else int(acc)
 
-    combine = stats.fwd_combine if KERNELS[opts.kernel].grid == "rows" else COMBINE_SUM
     lay = opts.layout
+    # The backward adds its sums; so does a forward's two-pass variance (layout._two_pass).
+    combine = stats.fwd_combine if KERNELS[opts.kernel].grid == "rows" and not lay.two_pass else COMBINE_SUM
     return {"STATS_PIECE": stats.piece, "HAS_MEAN": _bool(stats.has_mean), "COMBINE_PIECE": combine,
             # The butterfly's first shuffled value: Chan's merge of equal counts reads no partner count.
-            "PAIR_FIRST": "1" if combine != COMBINE_SUM and _equal_counts(lay) else "0",
+            # A two-pass variance's sums sit in the last value alone (stats_layer.mlir).
+            "PAIR_FIRST": "2" if lay.two_pass else "1" if combine != COMBINE_SUM and lay.equal_counts else "0",
             "FWD_ACC": f"vector<{lanes(stats.fwd_acc)}xf32>", "BWD_ACC": f"vector<{lanes(stats.bwd_acc)}xf32>",
             # vector.shuffle lane lists: a 2V accumulator's halves, and the two joined.
             "LANES_LO": ", ".join(map(str, range(v))), "LANES_HI": ", ".join(map(str, range(v, 2 * v))),
@@ -119,12 +124,6 @@ def stats_values(opts: Options) -> dict[str, str]:
 
 def _pow2_at_least(n: int) -> int:
     return 1 << max(0, n - 1).bit_length()
-
-
-def _equal_counts(lay) -> bool:
-    """Every thread of a row has as many chunks, and the warp totals are a power of two: each
-    butterfly step merges two summaries over as many elements."""
-    return lay.k == lay.kfull and lay.wpr == _pow2_at_least(lay.wpr)
 
 
 def common_values(opts: Options) -> dict[str, str]:
@@ -160,6 +159,7 @@ def common_values(opts: Options) -> dict[str, str]:
         "LD_L1_LAST": ".L1::evict_first" if lay.hints & HINT_L1_FIRST else
         ".L1::evict_last" if lay.hints & HINT_L1_KEEP else "",
         "BATCH_RELOAD": _bool(lay.batch_reload),
+        "TWO_PASS": _bool(lay.two_pass),
         "KERNEL_ATTRS": (tgt.min_blocks_attr.format(lay.min_blocks) if lay.min_blocks else "")
         + (tgt.max_regs_attr.format(lay.max_regs) if lay.max_regs else ""),
         "EB": str(eb),
@@ -194,7 +194,7 @@ def common_values(opts: Options) -> dict[str, str]:
         "WPR_P2": str(_pow2_at_least(lay.wpr)),
         "WARP_STEPS": str(int(math.log2(_pow2_at_least(lay.wpr)))),
         # LayerNorm's butterfly merge needs no division where counts are equal.
-        "EQUAL_COUNTS": _bool(_equal_counts(lay)),
+        "EQUAL_COUNTS": _bool(lay.equal_counts),
         "PAIR_FIRST": "0",  # every value shuffled (stats_values: LayerNorm's forward may skip its count)
         "K": str(lay.k),
         "KFULL": str(lay.kfull),
@@ -218,6 +218,7 @@ LAYOUT_VALUES = {
     "W_ALIGN": "--vec", "PART_ALIGN": "--vec", "STAGE": "--stage", "STAGE_PIECE": "--stage",
     "STAGE_BLOCK_BYTES": "--stage", "L2_PREFETCH": "--l2-prefetch", "PREFETCH_PIECE": "--l2-prefetch",
     "CACHE_ROW": "--cache-row", "OVERLAP": "--overlap", "OVERLAP_K": "--overlap", "BATCH_RELOAD": "--batch-reload",
+    "TWO_PASS": "--two-pass",
     "KERNEL_ATTRS": "--min-blocks", "ROWS": "", "BLOCK": "", "K": "", "KFULL": "", "NCHUNK": "", "NSUB": "",
     "WPR": "", "MULTI_WARP": "", "SHUFFLE_STEPS": "", "WARP_STEPS": "", "WPR_P2": "", "EQUAL_COUNTS": "",
     "PAIR_FIRST": "", "DW_REGS": "", "PREFETCH_W": "", "SLOT_Q": "--db-smem", "SLOT_H": "--db-smem",

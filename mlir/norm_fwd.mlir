@@ -6,7 +6,10 @@
 //           RMSNorm: h^2 lane-wise; LayerNorm: (n, mean, M2) of h less the row's first element,
 //           the shift, when HAS_MEAN), merge them over the row (NR = ${NR} fp32 values: row_sum,
 //           then the cluster exchange, both through the op's normir_combine, COMBINE_PIECE),
-//           and derive rstd and the (shifted) mean (normir_fwd_stats);
+//           and derive rstd and the (shifted) mean (normir_fwd_stats); with TWO_PASS (LayerNorm's
+//           rows held, one a block) the merges are plain sums of the row, then a second pass over
+//           the held chunks sums the squared deviations from its mean (normir_fwd_center) for a
+//           second block sum;
 //   pass 2: y = normir_fwd_norm(h - shift, rstd, mean) * (w + WEIGHT_OFFSET) + b, in YT (w when
 //           HAS_WEIGHT, the offset when HAS_OFFSET, b when HAS_BIAS); rstd stored when
 //           STORE_RSTD, and with HAS_MEAN the mean (shifted mean + shift) beside it.
@@ -34,11 +37,12 @@
 // (weight), BT (bias), with per type ALIGN_*, EB_* (bytes per element), EXT_* (cast to f32) and
 // TRUNC_* (cast from f32), X_TO_H; V, ALIGN, EB, W_ALIGN, BLOCK, ROWS, TPR, WPR, K, KFULL,
 // NCHUNK, CLUSTER, NSUB, NR, FWD_ACC; the flags HAS_MEAN, HAS_WEIGHT, HAS_RESIDUAL, STORE_RESIDUAL, HAS_BIAS,
-// HAS_OFFSET, STORE_RSTD, CACHE_ROW, PREFETCH_W (weight chunks loaded in pass 1), BATCH_RELOAD;
+// HAS_OFFSET, STORE_RSTD, CACHE_ROW, PREFETCH_W (weight chunks loaded in pass 1), BATCH_RELOAD, TWO_PASS;
 // WEIGHT_OFFSET; TARGET (gpu.module target attribute), KERNEL_ATTRS (a register bound), ENTRY,
 // ARGS (the signature, from the kernel catalogue) and ABSENT (the template's tensors a kernel
 // does not pass); the pieces STATS_PIECE (the op's math), RSQRT_PIECE, LATE_EXT_HT_PIECE (pass
 // 2's cast of the held h), LATE_EXT_WT_PIECE and LATE_EXT_BT_PIECE (the weight's and bias's),
+// LATE_EXT_DEV_PIECE (TWO_PASS's cast of the held h, spelled unlike pass 2's),
 // WB_CONTRACT (fastmath<contract>, x_hat * w + b as one fma, where the casts go by words, or none),
 // CLUSTER_PIECE (cross-block sums), POLICY_PIECE (cache policies), and the spliced pieces' own.
 // Tensors: x, residual, w, b, y, residual_out (rows of N or N columns), rstd and mean (fp32 per row);
@@ -53,6 +57,7 @@ gpu.module @normir [${TARGET}] {
 // normir:splice ${LATE_EXT_HT_PIECE} TENSOR=h TYPE=${HT} EXT=${EXT_HT}
 // normir:splice ${LATE_EXT_WT_PIECE} TENSOR=w TYPE=${WT} EXT=${EXT_WT}
 // normir:splice ${LATE_EXT_BT_PIECE} TENSOR=b TYPE=${BT} EXT=${EXT_BT}
+// normir:splice ${LATE_EXT_DEV_PIECE} TENSOR=h_dev TYPE=${HT} EXT=${EXT_HT}
 // normir:splice ${CLUSTER_PIECE}
 // normir:splice ${POLICY_PIECE}
 // normir:splice common/row_io.mlir TENSOR=x TYPE=${T} ALIGN=${ALIGN_T} EB=${EB_T}
@@ -86,6 +91,7 @@ ${ABSENT}
     %eb = arith.constant ${EB} : index
     %true = arith.constant true
     %batch_reload = arith.constant ${BATCH_RELOAD}
+    %two_pass = arith.constant ${TWO_PASS}
     %zero_f = arith.constant 0.0 : f32
     %zero_acc = arith.constant dense<0.0> : ${FWD_ACC}
     %false = arith.constant false
@@ -180,8 +186,33 @@ ${ABSENT}
         %sums_thread = func.call @normir_fwd_sums(%acc_row, %owned) : (${FWD_ACC}, index) -> vector<${NR}xf32>
         %sums_row = func.call @normir_row_sum(%sums_thread, %tid, %red)
             : (vector<${NR}xf32>, index, memref<${NR}x${WPR}xf32, #gpu.address_space<workgroup>>) -> vector<${NR}xf32>
-        %sums = func.call @normir_cluster_sum(%sums_row, %tid, %iter)
+        %sums_all = func.call @normir_cluster_sum(%sums_row, %tid, %iter)
             : (vector<${NR}xf32>, index, index) -> vector<${NR}xf32>
+        // TWO_PASS (held rows, one row a block): the squared deviations from the row's mean, over
+        // the held chunks, and a second block sum. The barrier first: every warp has read the
+        // first sum's warp totals from %red before any writes the second's.
+        %sums = scf.if %two_pass -> (vector<${NR}xf32>) {
+          gpu.barrier
+          %dev_acc = affine.for %k = 0 to ${K} iter_args(%q = %zero_acc) -> (${FWD_ACC}) {
+            // normir:splice common/chunk.mlir LIVE=live
+            %xv = vector.load %xbuf[%k, %c0] : memref<${K}x${V}x${HT}, #gpu.address_space<private>>, vector<${V}x${HT}>
+            // Cast in another spelling than pass 2's (LATE_EXT_DEV_PIECE), so that LLVM does not
+            // share the two casts and keep the row in fp32 across the second sum.
+            %xf = func.call @normir_late_ext_h_dev(%xv) : (vector<${V}x${HT}>) -> vector<${V}xf32>
+            %xs = arith.subf %xf, %shift_v : vector<${V}xf32>
+            %q2 = func.call @normir_fwd_center(%q, %xs, %sums_all, %live)
+                : (${FWD_ACC}, vector<${V}xf32>, vector<${NR}xf32>, i1) -> ${FWD_ACC}
+            affine.yield %q2 : ${FWD_ACC}
+          }
+          %dev_thread = func.call @normir_fwd_sums(%dev_acc, %owned) : (${FWD_ACC}, index) -> vector<${NR}xf32>
+          %dev_row = func.call @normir_row_sum(%dev_thread, %tid, %red)
+              : (vector<${NR}xf32>, index, memref<${NR}x${WPR}xf32, #gpu.address_space<workgroup>>) -> vector<${NR}xf32>
+          %both = func.call @normir_fwd_two_pass(%sums_all, %dev_row)
+              : (vector<${NR}xf32>, vector<${NR}xf32>) -> vector<${NR}xf32>
+          scf.yield %both : vector<${NR}xf32>
+        } else {
+          scf.yield %sums_all : vector<${NR}xf32>
+        }
         %rstd, %mean_s = func.call @normir_fwd_stats(%sums) : (vector<${NR}xf32>) -> (f32, f32)
 
         %is_lane0 = arith.cmpi eq, %lane, %c0 : index

@@ -20,10 +20,13 @@ import os
 import sys
 
 VARIANTS = {  # (op, N, dtype): layouts to compare, as NORMIR_TPR values ("0": the policy's)
-    # v106: LayerNorm's held forwards of unequal chunk counts, timed from two AOT folders: the
-    # committed text and one whose butterfly merges take the equal-count form (wrong statistics:
-    # an upper bound on what a merge without reciprocals would give).
-    **{("ln_fwd", n, "bf16"): ("0",) for n in (1152, 1600, 2880)},
+    # v107 (v106: docs/results/2026-12-02-h200.md, run al). LayerNorm's held forwards whose threads
+    # own unequal chunk counts: the variance by a second pass over the held chunks and two plain
+    # block sums (layout._two_pass, the policy now) against Chan's merges (t0). Timed also from a
+    # second AOT folder whose second pass casts the held row with another spelling than pass 2's
+    # (NORMIR_INCLUDE), which keeps LLVM from sharing the two casts (ptxas at 2880: 54 registers
+    # and 624 instructions, against 64 and 528 shared, 56 and 664 for Chan's).
+    **{("ln_fwd", n, "bf16"): ("0", "0t0") for n in (1728, 2880, 3456, 4160, 5184, 6208)},
 }
 KERNEL = {"fwd": "rmsnorm_fwd", "bwd": "rmsnorm_bwd", "add_fwd": "fused_add_rmsnorm_fwd",
           "add_bwd": "fused_add_rmsnorm_bwd", "ln_fwd": "layernorm_fwd", "ln_bwd": "layernorm_bwd",

@@ -60,7 +60,7 @@ NO_WEIGHT_CASES = ((2048, "bf16"), (4096, "bf16"), (4096, "f16"), (2880, "f32"),
 
 
 def tpr_value(layout: dict) -> str:
-    """A forced layout as a NORMIR_TPR value: TPR[xCLUSTER][pN][sN][mN][hN][oN][rN][bN][dN][nN][wN]."""
+    """A forced layout as a NORMIR_TPR value: TPR[xCLUSTER][pN][sN][mN][hN][oN][rN][bN][dN][nN][wN][tN]."""
     out = f"{layout.get('tpr', 0)}x{layout.get('cluster', 0)}"
     if layout.get("l2_prefetch", -1) >= 0:
         out += f"p{layout['l2_prefetch']}"
@@ -82,6 +82,8 @@ def tpr_value(layout: dict) -> str:
         out += f"n{layout['max_regs']}"
     if layout.get("cast_words", -1) >= 0:
         out += f"w{layout['cast_words']}"
+    if layout.get("two_pass", -1) >= 0:
+        out += f"t{layout['two_pass']}"
     return out
 
 # Fused residual-add RMSNorm (test_gpu_fused_add.py). Each combination of dtypes and features:
@@ -283,7 +285,7 @@ LN_FUSED_COMBOS = (
     ("f32", "f32", "f32", "f32", "bf16", None),  # a 16-bit residual_out from fp32 inputs
 )
 LN_STATS_N = (100, 2880, 65536)
-LN_ACCURACY_N = (1024, 4096)
+LN_ACCURACY_N = (1024, 2880, 4096)  # 2880: the two-pass variance (layout._two_pass)
 LN_BIT_N = (1024, 65536)
 # 1280, 2560: the fused add's forward held over 1 and 5 warps (32 x 5, 160 x 2); 4096: its backward
 # with db's sums in shared memory, capped; 6144, 7168: its backward's rows of 6 and 7 warps over 4

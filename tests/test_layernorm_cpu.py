@@ -99,8 +99,11 @@ def test_options_and_flags():
     assert (fwd["HAS_MEAN"], fwd["NR"], fwd["FWD_ACC"]) == ("true", "3", "vector<2xf32>")  # the thread's mean, M2
     # 1024 = 32 threads x 4 chunks of 8: equal counts, the butterfly skips the count; one warp.
     assert (fwd["EQUAL_COUNTS"], fwd["PAIR_FIRST"], fwd["WPR_P2"], fwd["WARP_STEPS"]) == ("true", "1", "1", "0")
-    tail = values_for(Options(kernel="layernorm_fwd", n=2880))  # 360 chunks over 352 threads
+    tail = values_for(Options(kernel="layernorm_fwd", n=2880, two_pass=0))  # 360 chunks over 96 threads
     assert (tail["EQUAL_COUNTS"], tail["PAIR_FIRST"]) == ("false", "0")
+    # The policy's form there: a two-pass variance, plain sums of the summary's last value alone.
+    two = values_for(Options(kernel="layernorm_fwd", n=2880))
+    assert (two["TWO_PASS"], two["PAIR_FIRST"], two["COMBINE_PIECE"]) == ("true", "2", "common/combine_sum.mlir")
     assert fwd["COMBINE_PIECE"] == "common/combine_chan.mlir" and fwd["STATS_PIECE"] == "common/stats_layer.mlir"
     bwd = values_for(Options(kernel="layernorm_bwd", n=1024, bdtype="f32"))
     assert (bwd["NR"], bwd["BWD_ACC"], bwd["COMBINE_PIECE"]) == ("2", "vector<16xf32>", "common/combine_sum.mlir")

@@ -190,8 +190,36 @@ def test_forced_cast_words():
     on = Options(kernel="rmsnorm_bwd", n=1024, cast_words=1)
     assert on.layout.cast_words and "by 32-bit words" in specialize_source(on).text
     off = Options(kernel="layernorm_fwd", n=2880, bdtype="bf16", cast_words=0)
-    assert not off.layout.cast_words and "by 32-bit words" not in specialize_source(off).text
+    assert not off.layout.cast_words and "row tensor h in bf16, by 32-bit words" not in specialize_source(off).text
     with pytest.raises(ValueError, match="cast_words=1 needs chunks of whole 32-bit words"):
         Options(kernel="layernorm_fwd", n=1023, bdtype="bf16", cast_words=1)
     with pytest.raises(ValueError, match="cast_words"):
         Options(kernel="layernorm_fwd", n=2880, cast_words=2)
+
+
+@pytest.mark.parametrize("n,extra,two_pass", [
+    (2880, {}, True),  # held, threads of 3 or 4 chunks: Chan's general merges
+    (1728, {}, True),
+    (1152, {}, False),  # held, equal counts: Chan's equal-count merges need no reciprocal
+    (4096, {}, False),  # streamed: no second pass over registers
+    (2880, {"rdtype": "bf16", "store_residual": True}, False),  # the fused add's 2880 is streamed
+    (2880, {"target": "gfx950"}, False),  # measured on the H200 alone
+])
+def test_two_pass_variance_where_counts_are_unequal(n, extra, two_pass):
+    # layout._two_pass: LayerNorm's held rows whose threads own unequal chunk counts take the exact
+    # two-pass variance (plain block sums of the last summary value alone); the rest keep Chan's merges.
+    opts = Options(kernel="layernorm_fwd", n=n, bdtype="bf16", **extra)
+    assert opts.layout.two_pass == two_pass
+    text = specialize_source(opts).text
+    assert ("%two_pass = arith.constant true" in text) == two_pass
+    assert ("// normir common piece: two row summaries of 3 fp32 sums merged by adding them" in text) == two_pass
+
+
+def test_forced_two_pass():
+    assert Options(kernel="layernorm_fwd", n=3584, bdtype="bf16", two_pass=1).layout.two_pass  # held, equal counts
+    assert not Options(kernel="layernorm_fwd", n=2880, bdtype="bf16", two_pass=0).layout.two_pass
+    for bad in (dict(kernel="layernorm_fwd", n=4096), dict(kernel="rmsnorm_fwd", n=2880),
+                dict(kernel="layernorm_bwd", n=2880), dict(kernel="layernorm_fwd", n=65536),  # a cluster
+                dict(kernel="layernorm_fwd", n=1152)):  # 8 rows a block
+        with pytest.raises(ValueError, match="two_pass=1 needs LayerNorm's forward with its rows held"):
+            Options(two_pass=1, **bad)

@@ -10,11 +10,14 @@
   // The variance is centered, never E[x^2] - mean^2 (which loses every digit of var when
   // mean^2 >> var). The skeleton subtracts a shift first (HAS_MEAN: the row's first element, the
   // same for every thread of a row), so that the statistics see values of the row's spread, not
-  // of its offset. Each chunk's mean and M2 are computed in two passes over its registers and
-  // merged into the thread's running (mean, M2) with constant weights (normir_fwd_acc); the block
-  // reduction and the cluster exchange merge the threads' and blocks' (n, mean, M2) by Chan et
-  // al.'s pairwise update (normir_chan, symmetric in its two arguments, so that every lane of a
-  // butterfly gets the same bits; combine_chan.mlir's equal-count form where counts are equal). The forward returns the mean of the shifted row;
+  // of its offset. Rows held in one block whose threads own unequal chunk counts (TWO_PASS) take
+  // the exact two-pass form instead: the row's sum, then the squared deviations from its mean over
+  // the held registers, each a plain block sum. Otherwise each chunk's mean and M2 are computed in
+  // two passes over its registers and merged into the thread's running (mean, M2) with constant
+  // weights (normir_fwd_acc); the block reduction and the cluster exchange merge the threads' and
+  // blocks' (n, mean, M2) by Chan et al.'s pairwise update (normir_chan, symmetric in its two
+  // arguments, so that every lane of a butterfly gets the same bits; combine_chan.mlir's
+  // equal-count form where counts are equal). The forward returns the mean of the shifted row;
   // the skeleton normalizes the shifted row with it and stores mean + shift.
   // The forward's row summary is vector<3xf32> (n, mean, M2; NR = 3, merged by
   // common/combine_chan.mlir), the backward's vector<2xf32> (S1, S2; NR = 2, added). The sizes
@@ -31,6 +34,17 @@
     %r = vector.fma %av, %bv, %cv : vector<1xf32>
     %e = vector.extract %r[0] : f32 from vector<1xf32>
     return %e : f32
+  }
+
+  // q + the sum of d^2 over a chunk's deviations, an fma each.
+  func.func private @normir_sum_sq(%d: vector<${V}xf32>, %q: f32) -> f32
+      attributes {llvm.linkage = #llvm.linkage<internal>} {
+    %r = affine.for %j = 0 to ${V} iter_args(%acc = %q) -> (f32) {
+      %dj = vector.extract %d[%j] : f32 from vector<${V}xf32>
+      %next = func.call @normir_fma(%dj, %dj, %acc) : (f32, f32, f32) -> f32
+      affine.yield %next : f32
+    }
+    return %r : f32
   }
 
   // Chan's update of (n, mean, M2) triples: n = na + nb, delta = mb - ma,
@@ -67,8 +81,15 @@
   // with the constant weights of k chunks against one (k is a constant once the chunk loop is
   // unrolled: no division is left). Only a thread's last chunk can be past the row's end: a chunk
   // not live leaves the accumulator (${FWD_ACC}: mean, M2) as it was.
+  // TWO_PASS = ${TWO_PASS} (rows held in one block, layout._two_pass): the accumulator's second value is
+  // the thread's plain sum of its chunks instead, the block adds the threads' (n, -, sum), and
+  // normir_fwd_center's second pass over the held chunks sums the squared deviations from the
+  // row's mean into a second (n, -, M2): the exact two-pass variance, with no count and no
+  // reciprocal in the merges. Both sums sit in the summary's last value, the only one the
+  // butterflies shuffle then (PAIR_FIRST = 2); the others are not read.
   func.func private @normir_fwd_acc(%acc: ${FWD_ACC}, %x: vector<${V}xf32>, %live: i1, %k: index) -> ${FWD_ACC}
       attributes {llvm.linkage = #llvm.linkage<internal>} {
+    %two_pass = arith.constant ${TWO_PASS}
     %one = arith.constant 1.0 : f32
     %inv_v = arith.constant ${INV_V} : f32
     %v_f = arith.constant ${V}.0 : f32
@@ -77,11 +98,7 @@
     %mc_v = vector.broadcast %mc : f32 to vector<${V}xf32>
     %d = arith.subf %x, %mc_v : vector<${V}xf32>
     %zero = arith.constant 0.0 : f32
-    %qc = affine.for %j = 0 to ${V} iter_args(%q = %zero) -> (f32) {  // sum of d^2, an fma each
-      %dj = vector.extract %d[%j] : f32 from vector<${V}xf32>
-      %q2 = func.call @normir_fma(%dj, %dj, %q) : (f32, f32, f32) -> f32
-      affine.yield %q2 : f32
-    }
+    %qc = func.call @normir_sum_sq(%d, %zero) : (vector<${V}xf32>, f32) -> f32
     // Chan, na = k V, nb = V: mean += delta / (k + 1), M2 += qc + delta^2 * V k / (k + 1).
     %k_i = arith.index_cast %k : index to i32
     %k_f = arith.sitofp %k_i : i32 to f32
@@ -101,8 +118,40 @@
     %c0 = arith.constant 0 : index
     %first = arith.cmpi eq, %k, %c0 : index  // chunk 0: its own (mean, M2), nothing to merge
     %next = arith.select %first, %own, %merged : ${FWD_ACC}
-    %out = arith.select %live, %next, %acc : ${FWD_ACC}
+    %chan = arith.select %live, %next, %acc : ${FWD_ACC}
+    %s_old = vector.extract %acc[1] : f32 from ${FWD_ACC}
+    %s_new = arith.addf %s_old, %sum : f32
+    %summed = vector.insert %s_new, %acc[1] : f32 into ${FWD_ACC}
+    %sum_live = arith.select %live, %summed, %acc : ${FWD_ACC}
+    %out = arith.select %two_pass, %sum_live, %chan : ${FWD_ACC}
     return %out : ${FWD_ACC}
+  }
+  // TWO_PASS's second pass, per chunk: the squared deviations of a live chunk from the row's mean
+  // (sums: the row's (n, -, sum)), added to the accumulator's second value.
+  func.func private @normir_fwd_center(%acc: ${FWD_ACC}, %x: vector<${V}xf32>, %sums: vector<3xf32>, %live: i1)
+      -> ${FWD_ACC} attributes {llvm.linkage = #llvm.linkage<internal>} {
+    %inv_n = arith.constant ${INV_N} : f32
+    %total = vector.extract %sums[2] : f32 from vector<3xf32>
+    %mean = arith.mulf %total, %inv_n : f32
+    %mean_v = vector.broadcast %mean : f32 to vector<${V}xf32>
+    %d = arith.subf %x, %mean_v : vector<${V}xf32>
+    %q_old = vector.extract %acc[1] : f32 from ${FWD_ACC}
+    %q = func.call @normir_sum_sq(%d, %q_old) : (vector<${V}xf32>, f32) -> f32
+    %with_q = vector.insert %q, %acc[1] : f32 into ${FWD_ACC}
+    %out = arith.select %live, %with_q, %acc : ${FWD_ACC}
+    return %out : ${FWD_ACC}
+  }
+  // TWO_PASS's row summary for normir_fwd_stats: (n, mean, M2) from the row's (n, -, sum) and the
+  // second reduction's (n, -, M2).
+  func.func private @normir_fwd_two_pass(%first: vector<3xf32>, %second: vector<3xf32>) -> vector<3xf32>
+      attributes {llvm.linkage = #llvm.linkage<internal>} {
+    %inv_n = arith.constant ${INV_N} : f32
+    %n = arith.constant ${N}.0 : f32
+    %total = vector.extract %first[2] : f32 from vector<3xf32>
+    %mean = arith.mulf %total, %inv_n : f32
+    %m2 = vector.extract %second[2] : f32 from vector<3xf32>
+    %r = vector.from_elements %n, %mean, %m2 : vector<3xf32>
+    return %r : vector<3xf32>
   }
   // The thread's (n, mean, M2) over the `owned` chunks it has.
   func.func private @normir_fwd_sums(%acc: ${FWD_ACC}, %owned: index) -> vector<3xf32>
