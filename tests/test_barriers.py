@@ -1,7 +1,8 @@
 """Every default forward and backward layout keeps its block reduction's barriers where the
 kernel text puts them: for rows of several warps one per row, plus a trailing one where the
-block sums another row after it (the backward's persistent grid, a staged forward); none for
-rows within one warp.
+block sums another row after it (the backward's persistent grid, a staged forward), and two more
+for LayerNorm's two-pass variance (its second sum and the barrier before it); none for rows
+within one warp.
 
 A barrier LLVM duplicates into both arms of a per-thread branch is undefined behaviour: `bar.sync`
 is warp-aligned on NVIDIA, and on AMD a wave whose lanes take both arms executes `s_barrier`
@@ -63,6 +64,8 @@ def check_barriers(opts: Options, isa: str) -> None:
     lay = opts.layout
     reused = KERNELS[opts.kernel].grid != "rows" or lay.stage  # row_sum's %red serves a next row
     want = (2 if reused else 1) if lay.tpr > lay.warp else 0
+    if lay.two_pass and lay.tpr > lay.warp:  # the variance's second sum, and the barrier before it
+        want += 2
     got = len(BARRIER[opts.target].findall(isa))
     assert got == want, (f"{opts.kernel} N={opts.n} {opts.dtype} {'with' if opts.has_weight else 'without'} a "
                          f"weight on {opts.target}: {got} block barriers, expected {want} (tpr={lay.tpr}, k={lay.k}, "
