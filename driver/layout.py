@@ -62,6 +62,7 @@ FWD_TWO_BLOCKS_THREADS = 768  # a streamed forward row of this many threads or m
 # with 64 (N=32768 bf16 in one 512-thread block) ptxas caps the block at 128 registers and spills.
 BWD_SPLIT_DW = 32
 BWD_MAX_SUMS_THREADS = 512  # persistent rows read again, sums in BWD_SPLIT_DW registers: threads a block before a cluster
+BWD_KEEP_THREADS = 768  # _crowded_threads: the most threads a crowded row's blocks keep (ptxas spills past it)
 BWD_WIDE_WARPS = 4  # persistent rows with a wider row summary: warps per block before a cluster (bwd_layout)
 # A forward's rows split evenly (_even_rows): at most this many elements a thread, at least
 # FWD_EVEN_MIN_K chunks (one or two a thread lost, *tune-v83*), rows of at most FWD_EVEN_MAX_CHUNKS
@@ -281,9 +282,13 @@ def _two_pass(opts: Options, tgt: targets.Target, work: RowWork, lay: Layout, pe
     squared deviations from its mean (a second plain sum): the exact two-pass variance, with no
     counts and no reciprocal in the merges. The policy takes it where threads own unequal chunk
     counts (or the warps are not a power of two), so that Chan's merges would take the general
-    update, a reciprocal a butterfly step: with the equal-count form in their place (a bound,
-    wrong statistics) LayerNorm's forward at 2880 ran 4022-4063 GB/s against 3951-3975
-    (*tune-v106*)."""
+    update, a reciprocal a butterfly step. On the H200 (bf16, weight and bias, *tune-v107*,
+    -v108), GB/s against Chan's merges: 1728 as 64 x 4 3915-3929 against 3787-3809, 2880 as 96 x 4
+    3978-4035 against 3907-3961, 3456 4009-4020 against 3901-3939, 4160 3911-3941 against
+    3636-3671, 5184 3929-3958 against 3786-3802, 6208 3931-3956 against 3799-3825; over 24 warps
+    (49152 as 768 x 8, counts equal) 3302-3307 against 3142-3169, but over 20 (40960 as 640 x 8)
+    3203-3231 against 3261-3277. Where the counts are equal and the warps a power of two it tied
+    (3584 as 64 x 7: 3967-3990 against 3974-4003), and Chan's merges stay."""
     fits = not persistent and work.sums > 1 and lay.cache_row and lay.cluster == 1 and lay.rows == 1
     if opts.two_pass == 1 and not fits:
         raise ValueError(f"two_pass=1 needs LayerNorm's forward with its rows held in registers, one row a "
@@ -505,6 +510,19 @@ def bwd_layout(opts: Options, tgt: targets.Target, work: RowWork) -> Layout:
     def share(c: int) -> Layout:
         return _bwd_block_layout(n // c, vec, tgt, work, opts, tpr)
 
+    def crowded(lay: Layout) -> bool:
+        # Rows read again whose one column sum (dw's; no db's for _db_smem to move) takes all
+        # BWD_SPLIT_DW registers a thread, in a block of more than BWD_MAX_SUMS_THREADS: the
+        # block's share of the register file (72-96 a thread at 544-896 threads) does not hold
+        # the sums and the row's chunks, and ptxas spilled 48-296 bytes (16-bit RMSNorm's
+        # backward and its fused add's at 16640-30720 and 33024-61440). On the H200 (bf16,
+        # *tune-v105*), RMSNorm's backward: 20480 as 320 x 2 blocks 3628-3640 GB/s against
+        # 2853-2862 in one block, 24576 as 384 x 2 3636-3776 against 2152-2159, 49152 as 384 x 4
+        # 3655-3698 against 2146-2167 (768 x 4 of 2 chunks a thread: 3697-3736). The fused add's
+        # keep their threads (_crowded_threads).
+        return not lay.cache_row and col_sums(work, opts) == 1 and lay.k * lay.vec >= BWD_SPLIT_DW \
+            and lay.block > BWD_MAX_SUMS_THREADS
+
     def too_big(c: int) -> bool:
         lay = share(c)
         # A row summary of more than one value (LayerNorm's c1, c2): a row one block would take
@@ -518,27 +536,34 @@ def bwd_layout(opts: Options, tgt: targets.Target, work: RowWork) -> Layout:
         # 224 x 2 3756 against 3327-3328, *tune-v83*).
         wide = _wide_sums(work, opts) and c == 1 and not tpr and lay.k <= 2 and lay.tpr > BWD_WIDE_WARPS * tgt.warp \
             and (lay.k != lay.kfull or _full(share(2)))
-        # Rows read again whose one column sum (dw's; no db's for _db_smem to move) takes all
-        # BWD_SPLIT_DW registers a thread, in a block of more than BWD_MAX_SUMS_THREADS: the
-        # block's share of the register file (72-96 a thread at 544-896 threads) does not hold
-        # the sums and the row's chunks, and ptxas spilled 48-296 bytes (16-bit RMSNorm's
-        # backward and its fused add's at 16640-30720 and 33024-61440). On the H200 (bf16,
-        # *tune-v105*), RMSNorm's backward: 20480 as 320 x 2 blocks 3628-3640 GB/s against
-        # 2853-2862 in one block, 24576 as 384 x 2 3636-3776 against 2152-2159, 49152 as 384 x 4
-        # 3655-3698 against 2146-2167 (768 x 4 of 2 chunks a thread: 3697-3736); the fused add's
-        # 24576 3510-3525 against 2350-2359 (768 x 2: 3718-3773).
-        sums = col_sums(work, opts)
-        crowded = not lay.cache_row and sums == 1 and lay.k * lay.vec >= BWD_SPLIT_DW \
-            and lay.block > BWD_MAX_SUMS_THREADS
-        return not lay.dw_regs or lay.k * lay.vec * sums > BWD_SPLIT_DW or wide or crowded
+        return not lay.dw_regs or lay.k * lay.vec * col_sums(work, opts) > BWD_SPLIT_DW or wide or crowded(lay)
 
     c = _split(n, vec, tgt, opts.cluster, tpr, too_big)
     lay = _clustered(share(c), c)
     if tpr or opts.cluster:
         return lay
+    if c > 1 and crowded(share(c // 2)):
+        lay = _crowded_threads(opts, tgt, work, lay, share(c // 2).tpr)
     for rule in (_even_bwd, _even_halves, _pow2_warps, _rows_cap):  # each takes the layouts of its own rows
         lay = rule(opts, tgt, work, lay)
     return lay
+
+
+def _crowded_threads(opts: Options, tgt: targets.Target, work: RowWork, lay: Layout, tpr: int) -> Layout:
+    """A crowded row (bwd_layout) of a kernel that reads d_residual_out in pass 2 (the fused
+    add's backward), split over a cluster, keeps the threads its one block had, up to
+    BWD_KEEP_THREADS, 2 chunks a thread instead of 4: at one block of each a multiprocessor
+    (ptxas: 130 registers in the halved blocks, 80-91 in these) twice the warps cover pass 2's
+    third read. On the H200 (bf16, *tune-v105*, -v107, -v108), GB/s against the halved blocks of
+    4 chunks: 20480 as 640 x 2 3795-3800 against 3348-3369, 24576 as 768 x 2 3767-3813 against
+    3479-3514 (ptxas: 4 bytes spilled), 40960 as 640 x 4 3582-3635 against 3197-3204, 49152 as
+    768 x 4 3674-3682 against 3357-3366. Not RMSNorm's own backward, which lost so at 20480
+    (3164-3184 against 3628-3640) and 24576 (3436-3478 against 3636-3776) and gained 1-8% at
+    40960 and 49152; nor past BWD_KEEP_THREADS (896 x 2 spilled 52 bytes, 960 x 2 88)."""
+    if not opts.has_dres_out or tpr > BWD_KEEP_THREADS:
+        return lay
+    new = _clustered(_bwd_block_layout(opts.n // lay.cluster, lay.vec, tgt, work, opts, tpr), lay.cluster)
+    return new if new.dw_regs and _full(new) else lay
 
 
 def _rows_cap(opts: Options, tgt: targets.Target, work: RowWork, lay: Layout) -> Layout:

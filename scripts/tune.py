@@ -20,13 +20,17 @@ import os
 import sys
 
 VARIANTS = {  # (op, N, dtype): layouts to compare, as NORMIR_TPR values ("0": the policy's)
-    # v107 (v106: docs/results/2026-12-02-h200.md, run al). LayerNorm's held forwards whose threads
-    # own unequal chunk counts: the variance by a second pass over the held chunks and two plain
-    # block sums (layout._two_pass, the policy now) against Chan's merges (t0). Timed also from a
-    # second AOT folder whose second pass casts the held row with another spelling than pass 2's
-    # (NORMIR_INCLUDE), which keeps LLVM from sharing the two casts (ptxas at 2880: 54 registers
-    # and 624 instructions, against 64 and 528 shared, 56 and 664 for Chan's).
-    **{("ln_fwd", n, "bf16"): ("0", "0t0") for n in (1728, 2880, 3456, 4160, 5184, 6208)},
+    # v108 (v107: docs/results/2026-12-02-h200.md, run an). The fused add's backward rows that
+    # crowded one block (16-bit, k = 4 over 544-896 threads) split over a cluster keeping their
+    # threads, 2 chunks a thread (ptxas: 80-91 registers, no spill; 24576 as 768 x 2 spills 4
+    # bytes and ran +6-8% in v105 and v107), against the policy's halved blocks of 4 chunks;
+    # RMSNorm's own lost so at 20480 and 24576 and gained 1% at 49152 (v105): 40960 here. And
+    # the two-pass variance where Chan's merges take their equal-count form (3584 as 64 x 7),
+    # and against them over 17-23 warps (40960 as 640 x 8: 2 per warp unequal).
+    **{("add_bwd", n, "bf16"): ("0", f"{t}x{c}") for n, t, c in ((20480, 640, 2), (40960, 640, 4), (49152, 768, 4))},
+    ("bwd", 40960, "bf16"): ("0", "640x4"),
+    ("ln_fwd", 3584, "bf16"): ("0", "0t1"),
+    ("ln_fwd", 40960, "bf16"): ("0", "0t0"),
 }
 KERNEL = {"fwd": "rmsnorm_fwd", "bwd": "rmsnorm_bwd", "add_fwd": "fused_add_rmsnorm_fwd",
           "add_bwd": "fused_add_rmsnorm_bwd", "ln_fwd": "layernorm_fwd", "ln_bwd": "layernorm_bwd",

@@ -772,10 +772,18 @@ def test_every_policy_thread_owns_a_chunk(target):
 def test_backward_rows_crowding_one_block_split_over_a_cluster():
     # Rows read again whose dw sums fill BWD_SPLIT_DW registers a thread leave blocks of more than
     # 512 threads (ptxas spilled 48-296 bytes at their 72-96 registers) for a cluster.
-    for kernel, extra in (("rmsnorm_bwd", {}), ("fused_add_rmsnorm_bwd", {"has_dres_out": True})):
+    for kernel, extra in (("rmsnorm_bwd", {}), ("fused_add_rmsnorm_bwd", {})):
         for n in (17408, 20480, 24576, 36864, 49152, 57344):
             lay = Options(kernel=kernel, n=n, **extra).layout
             assert lay.cluster > 1 and lay.block <= 512 and not lay.cache_row, (kernel, n, lay)
+    # Reading d_residual_out in pass 2, the split rows keep the threads of their one block (up to
+    # 768), 2 chunks a thread (layout._crowded_threads); past 768 they are halved as above.
+    for n, tpr, cluster in ((17408, 544, 2), (24576, 768, 2), (40960, 640, 4), (49152, 768, 4)):
+        lay = Options(kernel="fused_add_rmsnorm_bwd", n=n, has_dres_out=True).layout
+        assert (lay.tpr, lay.cluster, lay.k, lay.kfull) == (tpr, cluster, 2, 2), (n, lay)
+    for n in (28672, 57344):  # 896 threads in one block
+        lay = Options(kernel="fused_add_rmsnorm_bwd", n=n, has_dres_out=True).layout
+        assert lay.cluster > 1 and lay.block <= 512 and lay.k == 4, (n, lay)
     assert Options(kernel="rmsnorm_bwd", n=16384).layout.cluster == 1  # 512 threads: staged as 1024 x 2
     assert Options(kernel="rmsnorm_bwd", n=12288, dtype="f32", wdtype="f32").layout.block == 768  # 16 sums a thread
     assert Options(kernel="rmsnorm_bwd", n=24576, target="gfx950").layout.cluster == 1  # no clusters there
