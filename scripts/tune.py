@@ -20,17 +20,12 @@ import os
 import sys
 
 VARIANTS = {  # (op, N, dtype): layouts to compare, as NORMIR_TPR values ("0": the policy's)
-    # v108 (v107: docs/results/2026-12-02-h200.md, run an). The fused add's backward rows that
-    # crowded one block (16-bit, k = 4 over 544-896 threads) split over a cluster keeping their
-    # threads, 2 chunks a thread (ptxas: 80-91 registers, no spill; 24576 as 768 x 2 spills 4
-    # bytes and ran +6-8% in v105 and v107), against the policy's halved blocks of 4 chunks;
-    # RMSNorm's own lost so at 20480 and 24576 and gained 1% at 49152 (v105): 40960 here. And
-    # the two-pass variance where Chan's merges take their equal-count form (3584 as 64 x 7),
-    # and against them over 17-23 warps (40960 as 640 x 8: 2 per warp unequal).
-    **{("add_bwd", n, "bf16"): ("0", f"{t}x{c}") for n, t, c in ((20480, 640, 2), (40960, 640, 4), (49152, 768, 4))},
-    ("bwd", 40960, "bf16"): ("0", "640x4"),
-    ("ln_fwd", 3584, "bf16"): ("0", "0t1"),
-    ("ln_fwd", 40960, "bf16"): ("0", "0t0"),
+    # v111 (v109, v110: docs/results/2026-12-02-h200.md, runs ap, aq: the two-pass variance over a
+    # cluster, mixed, not kept). LayerNorm's backward at 2880 (82.5% of copy; 288 x 5 of 4 bytes,
+    # read again) in the fused add's layout there (87%: 192 threads of 1-2 chunks of 16 bytes,
+    # read again, db's sums in shared memory, 3 blocks; ptxas 88 registers), with dw's sums there
+    # too (d3: 80 registers, 3 or 4 blocks).
+    ("ln_bwd", 2880, "bf16"): ("0", "192x1m3r0d1", "192x1m3r0d3", "192x1m4r0d3"),
 }
 KERNEL = {"fwd": "rmsnorm_fwd", "bwd": "rmsnorm_bwd", "add_fwd": "fused_add_rmsnorm_fwd",
           "add_bwd": "fused_add_rmsnorm_bwd", "ln_fwd": "layernorm_fwd", "ln_bwd": "layernorm_bwd",
