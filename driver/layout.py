@@ -383,6 +383,8 @@ def _db_smem(opts: Options, lay: Layout, tgt: targets.Target, work: RowWork, per
     quarters). dw's slots at [k][tid] lost 4-12% where they added blocks (*tune-v77*)."""
     if opts.db_smem == 0 or (persistent and not opts.bdtype):  # without a bias there are no db sums to move
         return lay
+    if opts.db_smem == -1 and lay.db_smem:
+        return lay  # bwd_layout's rules chose it (_even_halves, _pow2_warps) with their caps
     moved = 2 if opts.db_smem == 3 and opts.has_weight else 1  # dw's sums move too at 3
     need = moved * lay.k * lay.block * lay.vec * 4
     if opts.db_smem > 0:
@@ -580,24 +582,42 @@ def _rows_cap(opts: Options, tgt: targets.Target, work: RowWork, lay: Layout) ->
 
 def _even_halves(opts: Options, tgt: targets.Target, work: RowWork, lay: Layout) -> Layout:
     """LayerNorm's 16-bit backward (dw's and db's sums) held over 2 blocks with a masked chunk goes
-    to one block in 4-byte chunks, the fewest whole warps at up to BWD_NARROW_K a thread, re-read,
-    where that holds more rows at once (at BWD_NARROW_REGS registers) than the 2 blocks at
-    BWD_SUMS_REGS (ptxas: 128, 16 bytes spilled at 2880; the 4-byte rows 45-62, none). On the
-    H200 (bf16, weight and bias; *tune-v86*, -v88, -v89), GB/s against 96-160 x 2: 2240 as 224 x
-    5, 4 rows a multiprocessor against 2.5, 3421-3440 against 2768-2790; 2304 as 288 x 4, 3297-3305
-    against 2867-2870; 2880 as 288 x 5, 3 rows, 3355-3390 against 3247-3277; 3200 as 320 x 5, 3
-    rows against 2, 3334-3347 against 3091; 4160 as 416 x 5, 2 rows against 1.5, 3203-3215
-    against 2989-2990. Not at 2 rows against 2 (3520 as 352 x 5: 3114-3136 against 3235-3259),
-    nor at 3 chunks a thread (2880 as 480 x 3: 2799-2802)."""
+    to one block, where that holds more rows at once than the 2 blocks at BWD_SUMS_REGS (ptxas:
+    128, 16 bytes spilled at 2880), in whichever of two shapes holds the most (the first on a tie):
+
+    - 4-byte chunks, the fewest whole warps at up to BWD_NARROW_K a thread, read again, the sums
+      in registers (BWD_NARROW_REGS; ptxas 45-62, none spilled). On the H200 (bf16, weight and
+      bias; *tune-v86*, -v88, -v89), GB/s against 96-160 x 2: 2240 as 224 x 5, 4 rows a
+      multiprocessor against 2.5, 3421-3440 against 2768-2790; 2304 as 288 x 4, 3297-3305 against
+      2867-2870; 2880 as 288 x 5, 3 rows, 3355-3390 against 3247-3277; 3200 as 320 x 5, 3 rows
+      against 2, 3334-3347 against 3091; 4160 as 416 x 5, 2 rows against 1.5, 3203-3215 against
+      2989-2990. Not at 2 rows against 2 (3520 as 352 x 5: 3114-3136 against 3235-3259), nor at
+      3 chunks a thread (2880 as 480 x 3: 2799-2802);
+    - 16-byte chunks, 2 a thread (the one-block share of bwd_layout, the last masked), read again,
+      both column sums in shared memory (DB_SMEM 3), capped for DB_SMEM_REGS_BOTH (ptxas: 72-88,
+      none spilled). *tune-v111*, -v112, GB/s against the policy then: 2304 as 160 x 2, 4 rows
+      against 288 x 4's 3 (measured capped for 5 blocks), 3474-3540 against 3368-3384; 2880 as
+      192 x 2, 4 rows against 3, 3611-3667 against 3404-3448; 3520 as 224 x 2, 3 rows against 2,
+      3552-3598 against 3387-3425. Where it holds no more rows it lost: 2240 (4 against 4;
+      3414-3438 against 3473-3506), 3200 (3 against 3; 3422-3441 against 3480-3514); over 2
+      blocks (4160, 4608 as 160 x 2 each) it lost 5-7%."""
     if not (tgt.is_nvidia and lay.cluster == 2 and lay.cache_row and not _full(lay) and _wide_sums(work, opts)
             and col_sums(work, opts) > 1 and DTYPES[opts.dtype] == 2 and lay.vec % 2 == 0):
         return lay  # (a row aligned to fewer than 4 bytes, vec 1, keeps its layout)
+    best, most = lay, _rows_at_once(tgt, lay, BWD_SUMS_REGS)
     nchunk = opts.n // 2  # 4-byte chunks of a 16-bit row
     tprs = [t for t in range(lay.warp, MAX_THREADS + 1, lay.warp) if nchunk % t == 0 and nchunk // t <= BWD_NARROW_K]
-    if not tprs:
-        return lay
-    new = _bwd_block_layout(opts.n, 2, tgt, work, opts, tprs[0])
-    return new if _rows_at_once(tgt, new, BWD_NARROW_REGS) > _rows_at_once(tgt, lay, BWD_SUMS_REGS) else lay
+    candidates = [(_bwd_block_layout(opts.n, 2, tgt, work, opts, tprs[0]), BWD_NARROW_REGS)] if tprs else []
+    one = _bwd_block_layout(opts.n, lay.vec, tgt, work, opts)
+    narrow_w = DTYPES[opts.wdtype] <= DTYPES[opts.dtype]  # both sums moved beside a wider w spilled (_db_smem)
+    slots = 2 * one.k * one.block * one.vec * 4  # both sums' fp32 slots
+    if opts.has_weight and narrow_w and one.k == 2 and not one.stage and slots <= MAX_DB_SMEM_BYTES:
+        one = replace(one, cache_row=False, db_smem=3)
+        candidates.append((replace(one, min_blocks=_resident(tgt, one, DB_SMEM_REGS_BOTH)), DB_SMEM_REGS_BOTH))
+    for new, regs in candidates:
+        if _rows_at_once(tgt, new, regs) > most:
+            best, most = new, _rows_at_once(tgt, new, regs)
+    return best
 
 
 def _pow2_warps(opts: Options, tgt: targets.Target, work: RowWork, lay: Layout) -> Layout:

@@ -20,12 +20,14 @@ import os
 import sys
 
 VARIANTS = {  # (op, N, dtype): layouts to compare, as NORMIR_TPR values ("0": the policy's)
-    # v111 (v109, v110: docs/results/2026-12-02-h200.md, runs ap, aq: the two-pass variance over a
-    # cluster, mixed, not kept). LayerNorm's backward at 2880 (82.5% of copy; 288 x 5 of 4 bytes,
-    # read again) in the fused add's layout there (87%: 192 threads of 1-2 chunks of 16 bytes,
-    # read again, db's sums in shared memory, 3 blocks; ptxas 88 registers), with dw's sums there
-    # too (d3: 80 registers, 3 or 4 blocks).
-    ("ln_bwd", 2880, "bf16"): ("0", "192x1m3r0d1", "192x1m3r0d3", "192x1m4r0d3"),
+    # v113 (v112: docs/results/2026-12-02-h200.md, run as). _even_halves' second shape (one block
+    # of 16-byte chunks read again, both sums in shared memory, capped for DB_SMEM_REGS_BOTH) at N
+    # where the layout it replaces was held over 2 blocks with both sums moved (d3), against that
+    # layout forced: 2112 and 2400 (96 x 2, 6 blocks, against 160 x 1, 4), 2592 (against 192 x 1),
+    # 3104 (128 x 2, 5 blocks, against 224 x 1, 3), 3680 and 4000 (against 256 x 1, 3).
+    **{("ln_bwd", n, "bf16"): ("0", v) for n, v in (
+        (2112, "96x2m6r1d3"), (2400, "96x2m6r1d3"), (2592, "96x2m6r1d3"), (3104, "128x2m5r1d3"),
+        (3680, "128x2m5r1d3"), (4000, "128x2m5r1d3"))},
 }
 KERNEL = {"fwd": "rmsnorm_fwd", "bwd": "rmsnorm_bwd", "add_fwd": "fused_add_rmsnorm_fwd",
           "add_bwd": "fused_add_rmsnorm_bwd", "ln_fwd": "layernorm_fwd", "ln_bwd": "layernorm_bwd",

@@ -297,8 +297,10 @@ LN_BIT_N = (1024, 65536)
 LN_FUSED_N = (*FUSED_N, 512, 1280, 2560, 3456, 4096, 4608, 6144, 7168, 7424, 12288, 32768)
 # Beside the shared N set: LayerNorm's own backward held over 2 blocks of 3, 5 and 6 warps, both
 # sums in shared memory (a masked chunk at 4608), and read again over 2 blocks of 8 warps with a
-# masked chunk (7680); its forward streamed in 1024 threads capped for 2 blocks (32768).
-LN_LAYOUT_N = (3072, 4608, 6144, 7680, 32768)
+# masked chunk (7680), and in one block of 5 and 7 warps, a masked chunk, read again, both sums in
+# shared memory (2112, 3520; layout._even_halves); its forward streamed in 1024 threads capped for
+# 2 blocks (32768).
+LN_LAYOUT_N = (2112, 3072, 3520, 4608, 6144, 7680, 32768)
 # scripts/sanitize.py: (N, x's dtype): several rows per block with narrow vectors (100; 512 under
 # the fused add's register cap), rows split evenly (1600: the forward 16 threads a row, the
 # backward 4-byte chunks; 2560: the fused add's forward held at 2 chunks a thread), a masked tail

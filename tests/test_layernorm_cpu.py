@@ -196,11 +196,11 @@ def test_policy_moves_db_sums_where_a_block_is_gained(n, dres, db_smem, blocks, 
     # in one block of 7 warps with a masked chunk (3456), where db's alone gain no block.
     lay = Options(kernel="layernorm_bwd", n=n, bdtype="f32", has_dres_out=dres).layout
     assert (lay.db_smem, lay.min_blocks, lay.k, lay.cache_row) == (db_smem, blocks, 2, held)
-    # Not where no block is gained or the cap spilled (tests/test_sm90_spill.py): held rows with
-    # a masked chunk in one block (2880), over a cluster in 7 warps (7168: 2 blocks either way),
+    # Not where no block is gained or the cap spilled (tests/test_sm90_spill.py): 4-byte rows read
+    # again (2240, layout._even_halves), over a cluster in 7 warps (7168: 2 blocks either way),
     # beside an fp32 weight (4096 over a cluster, the fused add's 7680); not in fp32 rows (64-72
     # registers already), not without a bias or a weight, not on gfx950 (measured on the H200 only).
-    for kw in (dict(n=2880), dict(n=7168), dict(n=4096, wdtype="f32"), dict(n=7680, has_dres_out=True, wdtype="f32"),
+    for kw in (dict(n=2240), dict(n=7168), dict(n=4096, wdtype="f32"), dict(n=7680, has_dres_out=True, wdtype="f32"),
                dict(n=1024, dtype="f32"), dict(n=2048, has_weight=False), dict(n=1024, target="gfx950")):
         other = Options(kernel="layernorm_bwd", **{"bdtype": "f32", **kw}).layout
         assert not other.db_smem and not other.min_blocks, kw
@@ -352,18 +352,28 @@ def test_fused_layernorm_backward_over_6_or_7_warps_goes_to_4_blocks_of_4():
         assert (lay(n, **kw).tpr, lay(n, **kw).cluster) != (128, 4), (n, kw)
 
 
-def test_layernorm_backward_halves_of_a_masked_chunk_go_to_one_block_of_4_byte_chunks():
-    # LayerNorm's 16-bit backward held over 2 blocks with a masked chunk: one block of 4-byte
-    # chunks, the fewest whole warps at up to 5 a thread, where more rows are held at once (2240:
-    # 4 a multiprocessor against 2.5, 2880: 3; not 3520: 2 against 2); not the fused add's, not
-    # without a bias, not in f32 rows, not on gfx950.
+def test_layernorm_backward_halves_of_a_masked_chunk_go_to_one_block():
+    # LayerNorm's 16-bit backward held over 2 blocks with a masked chunk (layout._even_halves): one
+    # block, where more rows are held at once, of 4-byte chunks read again, the fewest whole warps
+    # at up to 5 a thread (2240: 4 a multiprocessor against 2.5), or of 16-byte chunks read again
+    # with both column sums in shared memory, capped (2880: 4 against the 4-byte rows' 3; 3520: 3
+    # against 2; 2112: 4 against 2.5); on a tie the 4-byte rows (2240). Not the fused add's, not
+    # without a bias, not in f32 rows, not on gfx950; without a weight or beside an fp32 one, not
+    # the shared sums.
     def lay(n, **kw):
         return Options(kernel="layernorm_bwd", n=n, **{"bdtype": "f32", **kw}).layout
 
-    assert [(lay(n).tpr, lay(n).vec, lay(n).k, lay(n).cluster) for n in (2240, 2880)] == [(224, 2, 5, 1), (288, 2, 5, 1)]
-    for n, kw in ((3520, {}), (2880, dict(has_dres_out=True)), (2880, dict(bdtype="")), (2880, dict(dtype="f32")),
+    def shape(got):
+        return got.tpr, got.vec, got.k, got.cluster, got.cache_row, got.db_smem, got.min_blocks
+
+    assert shape(lay(2240)) == (224, 2, 5, 1, False, 0, 0)
+    assert [shape(lay(n)) for n in (2112, 2880, 3520)] == [
+        (160, 8, 2, 1, False, 3, 4), (192, 8, 2, 1, False, 3, 4), (224, 8, 2, 1, False, 3, 3)]
+    assert shape(lay(2880, wdtype="f32"))[:2] == shape(lay(2880, has_weight=False))[:2] == (288, 2)
+    for n, kw in ((2880, dict(has_dres_out=True)), (2880, dict(bdtype="")), (2880, dict(dtype="f32")),
                   (2880, dict(target="gfx950"))):
-        assert lay(n, **kw).vec != 2, (n, kw)
+        got = lay(n, **kw)
+        assert got.vec != 2 and not (got.cluster == 1 and got.db_smem == 3), (n, kw)
 
 
 def test_backward_rows_split_over_a_cluster_only_where_the_halves_are_even():
@@ -373,7 +383,7 @@ def test_backward_rows_split_over_a_cluster_only_where_the_halves_are_even():
         return Options(kernel="layernorm_bwd", n=n, bdtype="f32").layout
 
     assert [(lay(n).tpr, lay(n).cluster) for n in (2560, 3584)] == [(160, 1), (224, 1)]
-    assert [(lay(n).tpr, lay(n).cluster) for n in (3520, 3072, 4096, 5120)] == [(128, 2), (96, 2), (128, 2), (160, 2)]
+    assert [(lay(n).tpr, lay(n).cluster) for n in (3072, 4096, 5120)] == [(96, 2), (128, 2), (160, 2)]
 
 
 def test_fused_add_rows_of_1024_streamed_threads_are_held_over_a_cluster():
