@@ -544,8 +544,9 @@ def bwd_layout(opts: Options, tgt: targets.Target, work: RowWork) -> Layout:
     lay = _clustered(share(c), c)
     if tpr or opts.cluster:
         return lay
-    if c > 1 and crowded(share(c // 2)):
-        lay = _crowded_threads(opts, tgt, work, lay, share(c // 2).tpr)
+    unsplit = share(c // 2) if c > 1 else None
+    if unsplit and crowded(unsplit):
+        lay = _crowded_threads(opts, tgt, work, lay, unsplit.tpr)
     for rule in (_even_bwd, _even_halves, _pow2_warps, _rows_cap):  # each takes the layouts of its own rows
         lay = rule(opts, tgt, work, lay)
     return lay
@@ -615,8 +616,9 @@ def _even_halves(opts: Options, tgt: targets.Target, work: RowWork, lay: Layout)
         one = replace(one, cache_row=False, db_smem=3)
         candidates.append((replace(one, min_blocks=_resident(tgt, one, DB_SMEM_REGS_BOTH)), DB_SMEM_REGS_BOTH))
     for new, regs in candidates:
-        if _rows_at_once(tgt, new, regs) > most:
-            best, most = new, _rows_at_once(tgt, new, regs)
+        rows = _rows_at_once(tgt, new, regs)
+        if rows > most:
+            best, most = new, rows
     return best
 
 
