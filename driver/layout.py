@@ -9,6 +9,7 @@ function's docstring says which H200 measurements set them (docs/tuning.md has t
 
 from __future__ import annotations
 
+import functools
 import math
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING
@@ -39,6 +40,10 @@ MAX_DB_SMEM_BYTES = 40 * 1024  # db's slots in static shared memory (48 KB at mo
 # quadrants (a warp's registers come from one: 4 x 16384 on sm_90).
 DB_SMEM_REGS_HELD, DB_SMEM_REGS_READ = 96, 80
 DB_SMEM_REGS_BOTH = 80  # rows held, dw's sums in shared memory too (ptxas: 80 at 2048-32768, bf16)
+# Rows of one block, 2 chunks a thread with a masked one, read again, both sums in shared memory
+# (_one_block_blocks): ptxas 56-64 registers uncapped, 63-72 capped for 4-6 blocks, none spilled.
+DB_SMEM_REGS_ONE = 72
+ONE_BLOCK_TWO_READS = 4  # the most blocks of those rows where a row is read twice (no d_residual_out)
 REG_QUADRANTS = 4
 BWD_SUMS_REGS = 128  # a 16-bit backward with its column sums in registers (ptxas: 111-152 at 1024-8192)
 BWD_SUMS4_REGS = 200  # the same at 4 chunks a thread over a cluster, read again (ptxas: 196-217 at 65536)
@@ -410,12 +415,13 @@ def _db_smem(opts: Options, lay: Layout, tgt: targets.Target, work: RowWork, per
     narrow_w = DTYPES[opts.wdtype] <= DTYPES[opts.dtype]
     cluster_ok = lay.wpr & (lay.wpr - 1) == 0 and narrow_w
     both_fit = narrow_w and 2 * need <= MAX_DB_SMEM_BYTES  # both sums' slots, beside a w no wider than x
-    choices = []  # (rows held, db_smem, registers a thread), in order of preference
+    choices = []  # (rows held, db_smem, blocks a multiprocessor), in order of preference
+    at = functools.partial(_resident, tgt, lay)
     if lay.cache_row and full and not opts.has_dres_out and lay.block <= BWD_WIDE_WARPS * lay.warp \
             and (lay.cluster == 1 or cluster_ok):
-        choices.append((True, 1, DB_SMEM_REGS_HELD))
+        choices.append((True, 1, at(DB_SMEM_REGS_HELD)))
     elif not lay.cache_row and lay.cluster == 1:
-        choices.append((False, 1, DB_SMEM_REGS_READ if full else DB_SMEM_REGS_HELD))
+        choices.append((False, 1, at(DB_SMEM_REGS_READ if full else DB_SMEM_REGS_HELD)))
     # Both sums at the cap spilled in blocks of several rows (256, 512) and, as above, over a
     # cluster of 3, 6 or 7 warps or beside a wider w (tests/test_sm90_spill.py).
     both = full and lay.rows == 1 and (lay.cluster == 1 or cluster_ok) and 2 * need <= MAX_DB_SMEM_BYTES
@@ -423,30 +429,53 @@ def _db_smem(opts: Options, lay: Layout, tgt: targets.Target, work: RowWork, per
     # are held instead. Decided here, not in bwd_layout, since it pays only with d3's cap.
     hold = lay.cluster > 1 and opts.has_dres_out and opts.cache_row == -1
     if both and (lay.cache_row or hold):
-        choices.append((True, 3, DB_SMEM_REGS_BOTH))
+        choices.append((True, 3, at(DB_SMEM_REGS_BOTH)))
     # Rows over a cluster that this leaves (a masked chunk; 3, 5, 6 or 7 warps), and rows of one
     # block with a masked chunk read again: both sums moved, the rows held or read again as they
     # were, at the levels where ptxas keeps them unspilled (the fused add's rows read again in 6
     # or 7 whole warps spilled 8 bytes at 80).
     elif (lay.cluster > 1 or not (full or lay.cache_row)) and lay.rows == 1 and not lay.db_smem and both_fit:
-        choices.append((lay.cache_row, 3, DB_SMEM_REGS_HELD if lay.cache_row or full else DB_SMEM_REGS_READ))
+        one = lay.cluster == 1 and not lay.cache_row  # rows of one block read again (_one_block_blocks)
+        choices.append((lay.cache_row, 3, _one_block_blocks(opts, tgt, lay) if one
+                        else at(DB_SMEM_REGS_HELD if lay.cache_row or full else DB_SMEM_REGS_READ)))
     # Rows held over 2 blocks with a masked chunk where holding them gains no block (7 or 8 warps:
     # ptxas 157-161 registers, one block, not the reckoning's 2) are read again instead.
     if lay.cache_row and not full and lay.cluster == 2 and opts.cache_row == -1 and both_fit:
-        choices.append((False, 3, DB_SMEM_REGS_READ))
+        choices.append((False, 3, at(DB_SMEM_REGS_READ)))
     if wide_k:
-        choices = [(False, 1, BWD_SUMS_REGS)]
-    gains = [c for c in choices if _resident(tgt, lay, c[2]) > _resident(tgt, lay, in_regs)]
+        choices = [(False, 1, at(BWD_SUMS_REGS))]
+    gains = [c for c in choices if c[2] > at(in_regs)]
     if not gains:
         return lay  # no block gained over the sums in registers (224 or 256 threads with a masked chunk)
-    held, db_smem, regs = gains[0]
+    if not (full or lay.cache_row) and lay.cluster == 1:
+        # Rows of one block with a masked chunk, read again: the choice of the most blocks. The
+        # fused add's LayerNorm backward, both sums moved (d3, 5-6 blocks) against db's (d1, 4):
+        # 2112 3607-3631 against 3505-3534, 2240 3676-3692 against 3599-3621, 2592 3477-3505
+        # against 3256-3284, 2880 +3.8%, 3008 3756-3764 against 3641-3648 (*tune-v112*, -v116).
+        gains.sort(key=lambda c: -c[2])
+    held, db_smem, blocks = gains[0]
     if held != lay.cache_row:  # the hints of rows held or read again (_hint_policy), unless forced
         policy = opts.hints == -1 and _hintable(opts, tgt, work, lay)
         lay = replace(lay, cache_row=held, hints=_hint_policy(replace(lay, cache_row=held), True, opts.has_weight)
                       if policy else lay.hints)
     if wide_k and opts.has_dres_out and opts.overlap == -1:
         lay = replace(lay, overlap=0)  # the fused add's pass 2 loaded early spilled 8 bytes at the cap
-    return replace(lay, db_smem=db_smem, min_blocks=lay.min_blocks or _resident(tgt, lay, regs))
+    return replace(lay, db_smem=db_smem, min_blocks=lay.min_blocks or blocks)
+
+
+def _one_block_blocks(opts: Options, tgt: targets.Target, lay: Layout) -> int:
+    """Blocks a multiprocessor for rows of one block, 2 chunks a thread with a masked one, read
+    again, both column sums in shared memory: as many as DB_SMEM_REGS_ONE allows, at most
+    ONE_BLOCK_TWO_READS where a row is read twice. On the H200 (bf16, weight and bias; GB/s):
+    LayerNorm's own backward at 4 blocks against 5 and 6 (160 x 2 at 2112: 3316-3341 against
+    3267-3297 and 3262-3273; 192 x 2 at 2880: 3628-3658 against 3510-3561 and 3461-3478) and against
+    3 (224 x 2 at 3104: 3428-3499 against 3318-3341; 3520: 3673-3707 against 3575-3605); 256 x 2
+    stays at 3 (4000: 3554-3597 against 3499-3541 at 4). The fused add's, reading d_residual_out
+    too, gained from more blocks: 2112 at 5 and 6 3561-3622 against 3505-3534 at 4 (db's alone in
+    shared memory), 3104 at 4 3575-3605 against 3407-3424 at 3; 4000 at 4 lost 1.5%
+    (*tune-v115*, -v116). Uncapped (ptxas: 56-62 registers, 5-7 blocks) they lost 2-6%."""
+    blocks = _resident(tgt, lay, DB_SMEM_REGS_ONE)
+    return blocks if opts.has_dres_out else min(blocks, ONE_BLOCK_TWO_READS)
 
 
 def _resident(tgt: targets.Target, lay: Layout, regs: int) -> int:
@@ -595,8 +624,8 @@ def _even_halves(opts: Options, tgt: targets.Target, work: RowWork, lay: Layout)
       2989-2990. Not at 2 rows against 2 (3520 as 352 x 5: 3114-3136 against 3235-3259), nor at
       3 chunks a thread (2880 as 480 x 3: 2799-2802);
     - 16-byte chunks, 2 a thread (the one-block share of bwd_layout, the last masked), read again,
-      both column sums in shared memory (DB_SMEM 3), capped for DB_SMEM_REGS_BOTH (ptxas: 72-88,
-      none spilled). *tune-v111*, -v112, GB/s against the policy then: 2304 as 160 x 2, 4 rows
+      both column sums in shared memory (DB_SMEM 3), capped for _one_block_blocks' blocks (3
+      in v111-v113 for 224 x 2, 4 since v116). *tune-v111*, -v112, GB/s against the policy then: 2304 as 160 x 2, 4 rows
       against 288 x 4's 3 (measured capped for 5 blocks), 3474-3540 against 3368-3384; 2880 as
       192 x 2, 4 rows against 3, 3611-3667 against 3404-3448; 3520 as 224 x 2, 3 rows against 2,
       3552-3598 against 3387-3425. Where it holds no more rows it lost: 2240 (4 against 4;
@@ -605,18 +634,21 @@ def _even_halves(opts: Options, tgt: targets.Target, work: RowWork, lay: Layout)
     if not (tgt.is_nvidia and lay.cluster == 2 and lay.cache_row and not _full(lay) and _wide_sums(work, opts)
             and col_sums(work, opts) > 1 and DTYPES[opts.dtype] == 2 and lay.vec % 2 == 0):
         return lay  # (a row aligned to fewer than 4 bytes, vec 1, keeps its layout)
-    best, most = lay, _rows_at_once(tgt, lay, BWD_SUMS_REGS)
+    best, most = lay, _rows_at_once(tgt, lay, BWD_SUMS_REGS)  # rows a multiprocessor works on at once
     nchunk = opts.n // 2  # 4-byte chunks of a 16-bit row
     tprs = [t for t in range(lay.warp, MAX_THREADS + 1, lay.warp) if nchunk % t == 0 and nchunk // t <= BWD_NARROW_K]
-    candidates = [(_bwd_block_layout(opts.n, 2, tgt, work, opts, tprs[0]), BWD_NARROW_REGS)] if tprs else []
+    candidates = []
+    if tprs:
+        narrow = _bwd_block_layout(opts.n, 2, tgt, work, opts, tprs[0])
+        candidates.append((narrow, _rows_at_once(tgt, narrow, BWD_NARROW_REGS)))
     one = _bwd_block_layout(opts.n, lay.vec, tgt, work, opts)
     narrow_w = DTYPES[opts.wdtype] <= DTYPES[opts.dtype]  # both sums moved beside a wider w spilled (_db_smem)
     slots = 2 * one.k * one.block * one.vec * 4  # both sums' fp32 slots
     if opts.has_weight and narrow_w and one.k == 2 and not one.stage and slots <= MAX_DB_SMEM_BYTES:
         one = replace(one, cache_row=False, db_smem=3)
-        candidates.append((replace(one, min_blocks=_resident(tgt, one, DB_SMEM_REGS_BOTH)), DB_SMEM_REGS_BOTH))
-    for new, regs in candidates:
-        rows = _rows_at_once(tgt, new, regs)
+        one = replace(one, min_blocks=_one_block_blocks(opts, tgt, one))
+        candidates.append((one, one.min_blocks * one.rows))
+    for new, rows in candidates:
         if rows > most:
             best, most = new, rows
     return best

@@ -20,13 +20,12 @@ import os
 import sys
 
 VARIANTS = {  # (op, N, dtype): layouts to compare, as NORMIR_TPR values ("0": the policy's)
-    # v114 (v113: docs/results/2026-12-02-h200.md, run at; not yet run). The fused add's LayerNorm
-    # backward in one block of 16-byte chunks with a masked one, read again, db's sums in shared
-    # memory (d1, the policy's where it adds a block) against both sums there (d3), capped for one
-    # more block: v112 had 2240 +1.5% and 2880 +3.8% so. The rows of 5 and 6 warps between them.
-    **{("add_ln_bwd", n, "bf16"): ("0", v) for n, v in (
-        (2112, "160x1m5r0d3"), (2400, "160x1m5r0d3"), (2592, "192x1m4r0d3"), (2816, "192x1m4r0d3"),
-        (3008, "192x1m4r0d3"))},
+    # v117 (v116: docs/results/2026-12-02-h200.md, run ax). The rule of _one_block_blocks (v115,
+    # v116) against the policy before it, at N between those measured; 3200 newly in one block.
+    **{(op, n, "bf16"): ("0", v) for op, n, v in (
+        ("ln_bwd", 3200, "320x1v2r0d0"), ("ln_bwd", 3520, "224x1m3r0d3"),
+        ("add_ln_bwd", 2400, "160x1m4r0d1"), ("add_ln_bwd", 2880, "192x1m3r0d1"),
+        ("add_ln_bwd", 3520, "224x1m3r0d3"))},
 }
 KERNEL = {"fwd": "rmsnorm_fwd", "bwd": "rmsnorm_bwd", "add_fwd": "fused_add_rmsnorm_fwd",
           "add_bwd": "fused_add_rmsnorm_bwd", "ln_fwd": "layernorm_fwd", "ln_bwd": "layernorm_bwd",

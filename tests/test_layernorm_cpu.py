@@ -181,19 +181,20 @@ def test_db_sums_in_shared_memory_knob(monkeypatch):
 
 
 @pytest.mark.parametrize(("n", "dres", "db_smem", "blocks", "held"), [
-    (1024, False, 1, 10, True), (2048, False, 1, 5, True), (4096, False, 1, 5, True), (2880, True, 1, 3, False),
+    (1024, False, 1, 10, True), (2048, False, 1, 5, True), (4096, False, 1, 5, True), (2880, True, 3, 4, False),
     (4096, True, 1, 3, False), (8192, False, 3, 3, True), (16384, False, 3, 3, True), (32768, False, 3, 3, True),
     (1024, True, 3, 12, True), (2048, True, 3, 6, True), (8192, True, 3, 3, True), (32768, True, 3, 3, True),
     (3072, False, 3, 6, True), (4608, False, 3, 4, True), (6144, False, 3, 3, True), (4608, True, 3, 4, False),
-    (7680, True, 3, 3, False), (5120, True, 3, 4, False), (3456, True, 3, 3, False)])
+    (7680, True, 3, 3, False), (5120, True, 3, 4, False), (3456, True, 3, 4, False), (2400, True, 3, 5, False)])
 def test_policy_moves_db_sums_where_a_block_is_gained(n, dres, db_smem, blocks, held):
     # The policy's db_smem: 16-bit rows of 2 chunks a thread, with a weight and a bias, whose
     # freed registers let a cap add resident blocks: db's sums alone (1; 96 registers for held
     # rows and rows with a masked chunk, 80 for rows read again) where that adds one, else dw's
     # too (3, 80 registers), the fused add's rows held over a cluster for it; over a cluster
     # where that is not taken (a masked chunk; 3, 5, 6 or 7 warps), both sums at 96 registers
-    # for rows held (3072, 4608, 6144), 80 for the fused add's read again (4608, 5120, 7680), and
-    # in one block of 7 warps with a masked chunk (3456), where db's alone gain no block.
+    # for rows held (3072, 4608, 6144), 80 for the fused add's read again (4608, 5120, 7680); in
+    # one block with a masked chunk, read again, the choice of the most blocks: both sums at 72
+    # registers (layout._one_block_blocks: 2400 in 5 warps, 2880 in 6, 3456 in 7).
     lay = Options(kernel="layernorm_bwd", n=n, bdtype="f32", has_dres_out=dres).layout
     assert (lay.db_smem, lay.min_blocks, lay.k, lay.cache_row) == (db_smem, blocks, 2, held)
     # Not where no block is gained or the cap spilled (tests/test_sm90_spill.py): 4-byte rows read
@@ -356,8 +357,8 @@ def test_layernorm_backward_halves_of_a_masked_chunk_go_to_one_block():
     # LayerNorm's 16-bit backward held over 2 blocks with a masked chunk (layout._even_halves): one
     # block, where more rows are held at once, of 4-byte chunks read again, the fewest whole warps
     # at up to 5 a thread (2240: 4 a multiprocessor against 2.5), or of 16-byte chunks read again
-    # with both column sums in shared memory, capped (2880: 4 against the 4-byte rows' 3; 3520: 3
-    # against 2; 2112: 4 against 2.5); on a tie the 4-byte rows (2240). Not the fused add's, not
+    # with both column sums in shared memory, capped (2880: 4 against the 4-byte rows' 3; 3520 and
+    # 3200: 4 against 2 and 3; 2112: 4 against 2.5); on a tie the 4-byte rows (2240). Not the fused add's, not
     # without a bias, not in f32 rows, not on gfx950; without a weight or beside an fp32 one, not
     # the shared sums.
     def lay(n, **kw):
@@ -367,11 +368,11 @@ def test_layernorm_backward_halves_of_a_masked_chunk_go_to_one_block():
         return got.tpr, got.vec, got.k, got.cluster, got.cache_row, got.db_smem, got.min_blocks
 
     assert shape(lay(2240)) == (224, 2, 5, 1, False, 0, 0)
-    assert [shape(lay(n)) for n in (2112, 2880, 3520)] == [
-        (160, 8, 2, 1, False, 3, 4), (192, 8, 2, 1, False, 3, 4), (224, 8, 2, 1, False, 3, 3)]
+    assert [shape(lay(n)) for n in (2112, 2880, 3200, 3520)] == [
+        (160, 8, 2, 1, False, 3, 4), (192, 8, 2, 1, False, 3, 4), (224, 8, 2, 1, False, 3, 4), (224, 8, 2, 1, False, 3, 4)]
     assert shape(lay(2880, wdtype="f32"))[:2] == shape(lay(2880, has_weight=False))[:2] == (288, 2)
-    for n, kw in ((2880, dict(has_dres_out=True)), (2880, dict(bdtype="")), (2880, dict(dtype="f32")),
-                  (2880, dict(target="gfx950"))):
+    assert lay(2880, has_dres_out=True).vec == 8  # the fused add's one block comes from _db_smem
+    for n, kw in ((2880, dict(bdtype="")), (2880, dict(dtype="f32")), (2880, dict(target="gfx950"))):
         got = lay(n, **kw)
         assert got.vec != 2 and not (got.cluster == 1 and got.db_smem == 3), (n, kw)
 
