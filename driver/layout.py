@@ -35,6 +35,9 @@ AMD_1024_ROW_ELEMENTS_WB = 32  # the same beside a weight and a bias (fwd_layout
 AMD_UNROLL_K = {True: {4: (16, 64, 64), 8: (12, 16, 32)}, False: {4: (32, 64, 64), 8: (16, 24, 32)}}
 MAX_STAGE_BYTES = 200 * 1024  # STAGE buffers past this leave too little shared memory
 MAX_DB_SMEM_BYTES = 40 * 1024  # db's slots in static shared memory (48 KB at most, beside the reductions')
+# The quarter slots (db_smem 2, 3) past that go to dynamic shared memory, up to two blocks' worth of
+# a multiprocessor's 228 KB (NVIDIA; the stage piece's base).
+MAX_DYN_SLOT_BYTES = 112 * 1024
 # Registers per thread the policy caps a backward at when db's sums move to shared memory (_db_smem):
 # rows held in registers (or read again with a masked chunk), rows read again; the register file's
 # quadrants (a warp's registers come from one: 4 x 16384 on sm_90).
@@ -109,9 +112,21 @@ class Layout:
     two_pass: bool = False  # LayerNorm's held rows: the variance by a second pass over the held chunks (_two_pass)
 
     @property
+    def slot_bytes(self) -> int:
+        """Shared memory of the column sums' slots a block (db_smem): db's, and dw's too at 3."""
+        return (2 if self.db_smem == 3 else 1) * self.k * self.block * self.vec * 4 if self.db_smem else 0
+
+    @property
+    def dyn_slots(self) -> bool:
+        """The quarter slots (db_smem 2, 3) in dynamic shared memory: past MAX_DB_SMEM_BYTES."""
+        return self.db_smem >= 2 and self.slot_bytes > MAX_DB_SMEM_BYTES
+
+    @property
     def smem_bytes(self) -> int:
-        """Dynamic shared memory per block: the STAGE buffers."""
-        return self.stage_buffers * self.k * self.block * MAX_VECTOR_BYTES if self.stage else 0
+        """Dynamic shared memory per block: the STAGE buffers, or the slots past the static limit."""
+        if self.stage:
+            return self.stage_buffers * self.k * self.block * MAX_VECTOR_BYTES
+        return self.slot_bytes if self.dyn_slots else 0
 
     @property
     def nsub(self) -> int:
@@ -393,10 +408,12 @@ def _db_smem(opts: Options, lay: Layout, tgt: targets.Target, work: RowWork, per
     moved = 2 if opts.db_smem == 3 and opts.has_weight else 1  # dw's sums move too at 3
     need = moved * lay.k * lay.block * lay.vec * 4
     if opts.db_smem > 0:
-        if not (persistent and lay.dw_regs and not lay.stage) or need > MAX_DB_SMEM_BYTES:
+        # The quarter slots (2, 3) may pass static shared memory into the dynamic (the stage piece's).
+        most = MAX_DYN_SLOT_BYTES if opts.db_smem >= 2 and tgt.stage_piece else MAX_DB_SMEM_BYTES
+        if not (persistent and lay.dw_regs and not lay.stage) or need > most:
             raise ValueError(f"db_smem={opts.db_smem} needs a backward with its column sums in registers, not staged (the "
-                             f"stage buffers take the shared memory), in at most {MAX_DB_SMEM_BYTES} bytes of "
-                             f"static shared memory (here {'a backward' if persistent else 'a forward'}, sums in "
+                             f"stage buffers take the shared memory), in at most {most} bytes of "
+                             f"shared memory (here {'a backward' if persistent else 'a forward'}, sums in "
                              f"{'registers' if lay.dw_regs else 'memory'}, {'staged' if lay.stage else 'not staged'}"
                              f", {need} bytes); use -1 or 0, or stage=0")
         return replace(lay, db_smem=min(opts.db_smem, 1 + moved))  # 3 without a weight: 2
@@ -464,16 +481,16 @@ def _db_smem(opts: Options, lay: Layout, tgt: targets.Target, work: RowWork, per
 
 
 def _one_block_blocks(opts: Options, tgt: targets.Target, lay: Layout) -> int:
-    """Blocks a multiprocessor for rows of one block, 2 chunks a thread with a masked one, read
-    again, both column sums in shared memory: as many as DB_SMEM_REGS_ONE allows, at most
-    ONE_BLOCK_TWO_READS where a row is read twice. On the H200 (bf16, weight and bias; GB/s):
-    LayerNorm's own backward at 4 blocks against 5 and 6 (160 x 2 at 2112: 3316-3341 against
-    3267-3297 and 3262-3273; 192 x 2 at 2880: 3628-3658 against 3510-3561 and 3461-3478) and against
-    3 (224 x 2 at 3104: 3428-3499 against 3318-3341; 3520: 3673-3707 against 3575-3605); 256 x 2
-    stays at 3 (4000: 3554-3597 against 3499-3541 at 4). The fused add's, reading d_residual_out
+    """Blocks a multiprocessor for rows of one block, 2 chunks a thread, read again, both column sums
+    in shared memory (_db_smem's masked rows of one block, _one_block): as many as DB_SMEM_REGS_ONE
+    allows, at most ONE_BLOCK_TWO_READS where a row is read twice. On the H200 (bf16, weight and
+    bias; GB/s): LayerNorm's own backward at 4 blocks against 5 and 6 (160 x 2 at 2112: 3316-3341
+    against 3267-3297 and 3262-3273; 192 x 2 at 2880: 3628-3658 against 3510-3561 and 3461-3478) and
+    against 3 (224 x 2 at 3104: 3428-3499 against 3318-3341; 3520: 3673-3707 against 3575-3605); 256
+    x 2 stays at 3 (4000: 3554-3597 against 3499-3541 at 4). The fused add's, reading d_residual_out
     too, gained from more blocks: 2112 at 5 and 6 3561-3622 against 3505-3534 at 4 (db's alone in
-    shared memory), 3104 at 4 3575-3605 against 3407-3424 at 3; 4000 at 4 lost 1.5%
-    (*tune-v115*, -v116). Uncapped (ptxas: 56-62 registers, 5-7 blocks) they lost 2-6%."""
+    shared memory), 3104 at 4 3575-3605 against 3407-3424 at 3; 4000 at 4 lost 1.5% (*tune-v115*,
+    -v116). Uncapped (ptxas: 56-62 registers, 5-7 blocks) they lost 2-6%."""
     blocks = _resident(tgt, lay, DB_SMEM_REGS_ONE)
     return blocks if opts.has_dres_out else min(blocks, ONE_BLOCK_TWO_READS)
 
@@ -611,47 +628,75 @@ def _rows_cap(opts: Options, tgt: targets.Target, work: RowWork, lay: Layout) ->
 
 
 def _even_halves(opts: Options, tgt: targets.Target, work: RowWork, lay: Layout) -> Layout:
-    """LayerNorm's 16-bit backward (dw's and db's sums) held over 2 blocks with a masked chunk goes
-    to one block, where that holds more rows at once than the 2 blocks at BWD_SUMS_REGS (ptxas:
-    128, 16 bytes spilled at 2880), in whichever of two shapes holds the most (the first on a tie):
+    """LayerNorm's 16-bit backward (dw's and db's sums) over 2 blocks, held (its own) or read again
+    (its fused add's), goes to one block where that holds more rows at once than the 2 blocks as
+    _db_smem would cap them (at BWD_SUMS_REGS where it moves no sum; rows held with db's sums
+    alone moved keep their blocks: 4096 in one block lost 4%, 3573-3591 against 3708-3740,
+    *tune-v120*), the fused add's on a tie too, in whichever of two shapes holds the most (the
+    first on a tie):
 
-    - 4-byte chunks, the fewest whole warps at up to BWD_NARROW_K a thread, read again, the sums
-      in registers (BWD_NARROW_REGS; ptxas 45-62, none spilled). On the H200 (bf16, weight and
-      bias; *tune-v86*, -v88, -v89), GB/s against 96-160 x 2: 2240 as 224 x 5, 4 rows a
-      multiprocessor against 2.5, 3421-3440 against 2768-2790; 2304 as 288 x 4, 3297-3305 against
-      2867-2870; 2880 as 288 x 5, 3 rows, 3355-3390 against 3247-3277; 3200 as 320 x 5, 3 rows
-      against 2, 3334-3347 against 3091; 4160 as 416 x 5, 2 rows against 1.5, 3203-3215 against
-      2989-2990. Not at 2 rows against 2 (3520 as 352 x 5: 3114-3136 against 3235-3259), nor at
-      3 chunks a thread (2880 as 480 x 3: 2799-2802);
-    - 16-byte chunks, 2 a thread (the one-block share of bwd_layout, the last masked), read again,
-      both column sums in shared memory (DB_SMEM 3), capped for _one_block_blocks' blocks (3
-      in v111-v113 for 224 x 2, 4 since v116). *tune-v111*, -v112, GB/s against the policy then: 2304 as 160 x 2, 4 rows
-      against 288 x 4's 3 (measured capped for 5 blocks), 3474-3540 against 3368-3384; 2880 as
-      192 x 2, 4 rows against 3, 3611-3667 against 3404-3448; 3520 as 224 x 2, 3 rows against 2,
-      3552-3598 against 3387-3425. Where it holds no more rows it lost: 2240 (4 against 4;
-      3414-3438 against 3473-3506), 3200 (3 against 3; 3422-3441 against 3480-3514); over 2
-      blocks (4160, 4608 as 160 x 2 each) it lost 5-7%."""
-    if not (tgt.is_nvidia and lay.cluster == 2 and lay.cache_row and not _full(lay) and _wide_sums(work, opts)
+    - LayerNorm's own rows with a masked chunk: 4-byte chunks, the fewest whole warps at up to
+      BWD_NARROW_K a thread, read again, the sums in registers (BWD_NARROW_REGS; ptxas 45-62, none
+      spilled). On the H200 (bf16, weight and bias; *tune-v86*, -v88, -v89), GB/s against 96-160 x
+      2: 2240 as 224 x 5, 4 rows a multiprocessor against 2.5, 3421-3440 against 2768-2790; 2304
+      as 288 x 4, 3297-3305 against 2867-2870. Not at 2 rows against 2 (3520 as 352 x 5:
+      3114-3136 against 3235-3259), nor at 3 chunks a thread (2880 as 480 x 3: 2799-2802);
+    - _one_block: 16-byte chunks, 2 a thread, read again, both column sums in shared memory (in
+      the dynamic past 40 KB), capped for _one_block_blocks. GB/s against the policy then: 2880
+      as 192 x 2, 4 rows against 3, 3611-3667 against 3404-3448 (*tune-v111*); 3072 3665-3703
+      against 3568-3588 (96 x 2 blocks, held); 4352 as 288 x 2, 3 rows against 2, 3576-3600
+      against 3359-3368; 4608 3621-3646 against 3457-3477, the fused add's 3823-3837 against
+      3481-3488; 5888 as 384 x 2, 2 rows against 1.5, 3496-3522 against 3393-3412, the fused
+      add's 3801-3810 against 3078-3103 (4 blocks of 4 warps, _pow2_warps) (*tune-v120*); 5632
+      as 352 x 2 3440-3447 against 3321-3342, the fused add's 3764-3797 against 3000-3019; 6656
+      as 416 x 2 3574-3609 against 3137-3157, the fused add's 3832-3844 against 3328-3339; the
+      fused add's 6144 as 384 x 2 3812-3841 against 3189-3203 (*tune-v119*); 7168 as 448 x 2
+      (56 KB of slots, dynamic), 2 rows against 1, 3644-3699 against 3385-3407, the fused add's
+      3819-3839 against 3439-3469 (*tune-v118*). LayerNorm's own 6144 tied (3531-3564 against
+      3557-3587); where it holds no more rows it lost: 2240 (4 against 4; 3414-3438 against
+      3473-3506), 3200 at 3 blocks (3 against 3), 8192 (512 x 2, 1 row against 1.5: 3475-3508
+      against 3708-3772)."""
+    # LayerNorm's rows held (its own) or read again (its fused add's, reading d_residual_out too)
+    if not (tgt.is_nvidia and lay.cluster == 2 and work.sums > 1 and (lay.cache_row or opts.has_dres_out)
             and col_sums(work, opts) > 1 and DTYPES[opts.dtype] == 2 and lay.vec % 2 == 0):
         return lay  # (a row aligned to fewer than 4 bytes, vec 1, keeps its layout)
-    best, most = lay, _rows_at_once(tgt, lay, BWD_SUMS_REGS)  # rows a multiprocessor works on at once
+    if opts.db_smem != -1:
+        return lay  # a forced db_smem keeps the blocks
+    # Rows a multiprocessor works on at once: the 2 blocks as _db_smem caps them, else at BWD_SUMS_REGS.
+    moved = _db_smem(opts, lay, tgt, work, True)
+    if moved.db_smem == 1:
+        return lay  # rows held with db's sums alone moved (4096: -4% in one block, *tune-v120*)
+    best, most = lay, (moved.min_blocks * moved.rows / moved.cluster if moved.min_blocks
+                       else _rows_at_once(tgt, lay, BWD_SUMS_REGS))
     nchunk = opts.n // 2  # 4-byte chunks of a 16-bit row
     tprs = [t for t in range(lay.warp, MAX_THREADS + 1, lay.warp) if nchunk % t == 0 and nchunk // t <= BWD_NARROW_K]
     candidates = []
-    if tprs:
+    if tprs and lay.cache_row and not _full(lay):  # LayerNorm's own masked rows
         narrow = _bwd_block_layout(opts.n, 2, tgt, work, opts, tprs[0])
         candidates.append((narrow, _rows_at_once(tgt, narrow, BWD_NARROW_REGS)))
-    one = _bwd_block_layout(opts.n, lay.vec, tgt, work, opts)
-    narrow_w = DTYPES[opts.wdtype] <= DTYPES[opts.dtype]  # both sums moved beside a wider w spilled (_db_smem)
-    slots = 2 * one.k * one.block * one.vec * 4  # both sums' fp32 slots
-    if opts.has_weight and narrow_w and one.k == 2 and not one.stage and slots <= MAX_DB_SMEM_BYTES:
-        one = replace(one, cache_row=False, db_smem=3)
-        one = replace(one, min_blocks=_one_block_blocks(opts, tgt, one))
+    one = _one_block(opts, tgt, work, lay)
+    if one:
         candidates.append((one, one.min_blocks * one.rows))
     for new, rows in candidates:
-        if rows > most:
+        if rows > most or (new is one and rows == most and opts.has_dres_out):  # the fused add's: on a tie too
             best, most = new, rows
     return best
+
+
+def _one_block(opts: Options, tgt: targets.Target, work: RowWork, lay: Layout) -> Layout | None:
+    """Rows over 2 blocks in one block of 2 chunks a thread (the fewest whole warps; the last chunk
+    masked where the row does not fill them), read again, both column sums in shared memory (DB_SMEM
+    3; past MAX_DB_SMEM_BYTES in the dynamic), capped for _one_block_blocks. None where the shape
+    does not apply: another db_smem forced, no weight, a w wider than x (both sums moved beside it
+    spilled, _db_smem), other than 2 chunks a thread, or slots past the limit."""
+    tpr = -(-opts.n // (2 * lay.vec * lay.warp)) * lay.warp  # the fewest whole warps at 2 chunks a thread
+    one = _bwd_block_layout(opts.n, lay.vec, tgt, work, opts, tpr)
+    slots = 2 * one.k * one.block * one.vec * 4  # both sums' fp32 slots
+    if not (opts.db_smem in (-1, 3) and opts.has_weight and DTYPES[opts.wdtype] <= DTYPES[opts.dtype]
+            and one.k == 2 and not one.stage and slots <= (MAX_DYN_SLOT_BYTES if tgt.stage_piece else MAX_DB_SMEM_BYTES)):
+        return None
+    one = replace(one, cache_row=False, db_smem=3)
+    return replace(one, min_blocks=_one_block_blocks(opts, tgt, one))
 
 
 def _pow2_warps(opts: Options, tgt: targets.Target, work: RowWork, lay: Layout) -> Layout:
@@ -667,15 +712,17 @@ def _pow2_warps(opts: Options, tgt: targets.Target, work: RowWork, lay: Layout) 
     3464-3492 against 3262-3300, though ptxas spills 8 bytes at that cap
     (tests/test_sm90_spill.py). 5 warps lost (5120: 2834-2855 against 3390-3433) or, with a
     masked chunk, gained (4608: 2604-2612 against 2423-2495; not taken). LayerNorm's own backward
-    lost in that shape (7168: 3202-3238 against 3325-3360)."""
+    lost in that shape (7168: 3202-3238 against 3325-3360). Rows with a 16-bit weight go to one
+    block before this (_even_halves' _one_block: 6144 +20%, 7168 +11%); this takes the rest (no
+    weight, f32 rows, RMSNorm's fused add with a bias)."""
     c = 2 * lay.cluster
     if not (tgt.min_blocks_attr and lay.cluster == 2 and opts.has_dres_out and col_sums(work, opts) > 1
             and DTYPES[opts.wdtype] <= DTYPES[opts.dtype] and lay.wpr > BWD_WIDE_WARPS and lay.wpr & (lay.wpr - 1)
             and opts.n % (c * lay.vec) == 0):
         return lay
     new = _clustered(_bwd_block_layout(opts.n // c, lay.vec, tgt, work, opts, BWD_WIDE_WARPS * lay.warp), c)
-    if 2 * new.k * new.block * new.vec * 4 > MAX_DB_SMEM_BYTES \
-            or _rows_at_once(tgt, new, DB_SMEM_REGS_BOTH) <= _rows_at_once(tgt, lay, BWD_SUMS_REGS):
+    rows = _rows_at_once(tgt, new, DB_SMEM_REGS_BOTH)
+    if 2 * new.k * new.block * new.vec * 4 > MAX_DB_SMEM_BYTES or rows <= _rows_at_once(tgt, lay, BWD_SUMS_REGS):
         return lay
     return replace(new, cache_row=True, db_smem=3, min_blocks=_resident(tgt, new, DB_SMEM_REGS_BOTH))
 

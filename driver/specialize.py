@@ -147,7 +147,8 @@ def common_values(opts: Options) -> dict[str, str]:
         or "common/prefetch_none.mlir",
         "L2_PREFETCH": _bool(lay.l2_prefetch),
         "STAGE": _bool(lay.stage),
-        "STAGE_PIECE": tgt.stage_piece if lay.stage else "common/stage_none.mlir",
+        # The launch's dynamic shared memory: the STAGE buffers, or the column sums' slots past static.
+        "STAGE_PIECE": tgt.stage_piece if lay.stage or lay.dyn_slots else "common/stage_none.mlir",
         "STAGE_BLOCK_BYTES": str(lay.block * MAX_VECTOR_BYTES),
         "POLICY_PIECE": tgt.policy_piece if lay.hints else "common/cache_policy_none.mlir",
         "HINT_IO_PIECE": tgt.hint_io_piece if lay.hints else "common/hint_io_none.mlir",
@@ -222,6 +223,7 @@ LAYOUT_VALUES = {
     "KERNEL_ATTRS": "--min-blocks", "ROWS": "", "BLOCK": "", "K": "", "KFULL": "", "NCHUNK": "", "NSUB": "",
     "WPR": "", "MULTI_WARP": "", "SHUFFLE_STEPS": "", "WARP_STEPS": "", "WPR_P2": "", "EQUAL_COUNTS": "",
     "PAIR_FIRST": "", "DW_REGS": "", "PREFETCH_W": "", "SLOT_Q": "--db-smem", "SLOT_H": "--db-smem",
+    **{k: "--db-smem" for k in ("SLOT_BUF", "SLOT_LOAD", "SLOT_STORE", "SLOTS_DYN_PIECE", "SLOT_BASES")},
     **{f"{t}_{k}": "--db-smem" for t in ("DB", "DW")
        for k in ("GET", "PUT", "PUT_TO", "IN_WORKGROUP", "IN_PRIVATE", "SLOTS_PIECE")},
     "RED_REUSED": "", "COL_THREADS": "", "ROW_THREADS": "", "ARGS": "", "ABSENT": "",
@@ -237,13 +239,27 @@ def _slot_values(lay: Layout) -> dict[str, str]:
     registers a thread (0), K x V shared-memory slots a thread at [k][tid] (db's at 1), or in
     16-byte quarters at [k][quarter][tid] (db's at 2, dw's too at 3; common/slots_split.mlir)."""
     q = min(lay.vec, MAX_VECTOR_BYTES // 4)  # fp32 a quarter
-    out = {"SLOT_Q": str(q), "SLOT_H": str(lay.vec // q)}
+    quarters = f"memref<{lay.k}x{lay.vec // q}x{lay.block}x{q}xf32, #gpu.address_space<workgroup>>"
+    quarter = f"vector<{q}xf32>"
+    dyn = lay.dyn_slots  # the quarters at a byte address in dynamic shared memory (common/slots_dyn.mlir)
+    out = {"SLOT_Q": str(q), "SLOT_H": str(lay.vec // q), "SLOT_BUF": "index" if dyn else quarters,
+           "SLOT_LOAD": f"func.call @normir_slot_load(%buf, %k, %h, %tid) : (index, index, index, index) -> {quarter}"
+           if dyn else f"vector.load %buf[%k, %h, %tid, %c0] : {quarters}, {quarter}",
+           "SLOT_STORE": f"func.call @normir_slot_store(%q, %buf, %k, %h, %tid) : ({quarter}, index, index, index, "
+           "index) -> ()" if dyn else f"vector.store %q, %buf[%k, %h, %tid, %c0] : {quarters}, {quarter}",
+           "SLOTS_DYN_PIECE": "common/slots_dyn.mlir" if dyn else "common/slots_none.mlir",
+           # dw's slots from the base, db's after them (db's alone at 2)
+           "SLOT_BASES": "" if not dyn else "\n    ".join(
+               ["%dwbuf = arith.addi %stage_base, %c0 : index"] * (lay.db_smem == 3)
+               + [f"%db_slots_at = arith.constant {lay.slot_bytes // 2 if lay.db_smem == 3 else 0} : index",
+                  "%dbbuf = arith.addi %stage_base, %db_slots_at : index"])}
     vec = f"vector<{lay.vec}xf32>"
     for tag, kind in (("DB", lay.db_smem), ("DW", 2 if lay.db_smem == 3 else 0)):
         buf = f"%{tag.lower()}buf"
         shape = {0: f"{lay.k}x{lay.vec}", 1: f"{lay.k}x{lay.block}x{lay.vec}"}.get(
             kind, f"{lay.k}x{lay.vec // q}x{lay.block}x{q}")
-        memref = f"memref<{shape}xf32, #gpu.address_space<{'workgroup' if kind else 'private'}>>"
+        memref = "index" if kind >= 2 and dyn else \
+            f"memref<{shape}xf32, #gpu.address_space<{'workgroup' if kind else 'private'}>>"
         if kind < 2:
             at = "%k, %tid, %c0" if kind else "%k, %c0"
             access = {"GET": f"vector.load {buf}[{at}] : {memref}, {vec}", "PUT": "vector.store",
@@ -256,7 +272,7 @@ def _slot_values(lay: Layout) -> dict[str, str]:
         decl = f",\n              {buf}: {memref}" + (" {llvm.align = 16 : i64}" if kind else "")
         out |= {f"{tag}_{k}": v for k, v in access.items()}
         out[f"{tag}_SLOTS_PIECE"] = "common/slots_split.mlir" if kind >= 2 else "common/slots_none.mlir"
-        out |= {f"{tag}_IN_WORKGROUP": decl if kind else "", f"{tag}_IN_PRIVATE": "" if kind else decl}
+        out |= {f"{tag}_IN_WORKGROUP": decl if kind and not dyn else "", f"{tag}_IN_PRIVATE": "" if kind else decl}
     return out
 
 

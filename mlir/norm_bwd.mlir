@@ -44,7 +44,9 @@
 // FWD_ACC), plus
 // HAS_DRES_OUT, STORE_DRES, DW_REGS, DB_GET, DB_PUT, DB_PUT_TO, DB_IN_WORKGROUP / DB_IN_PRIVATE
 // (db's sums declared in one attribution list or the other), the same DW_*, DB_SLOTS_PIECE /
-// DW_SLOTS_PIECE (the quarters' get and put, or none), SLOT_Q, SLOT_H, ATOMIC_DW, PART_ALIGN,
+// DW_SLOTS_PIECE (the quarters' get and put, or none), SLOT_Q, SLOT_H, SLOT_BUF, SLOT_LOAD,
+// SLOT_STORE, SLOTS_DYN_PIECE and SLOT_BASES (the quarters in dynamic shared memory past the static
+// limit: their byte addresses, or none), ATOMIC_DW, PART_ALIGN,
 // L2_PREFETCH, OVERLAP, OVERLAP_K, STAGE, STAGE_BLOCK_BYTES, LATE_EXT_T_PIECE / LATE_EXT_YT_PIECE
 // (pass 2's casts of x and dy), the target's atomics (ATOMIC_SCOPE, ATOMIC_ATTRS), and its pieces
 // for the L2 prefetch (PREFETCH_PIECE) and staging (STAGE_PIECE).
@@ -58,6 +60,7 @@ gpu.module @normir [${TARGET}] {
 // normir:splice ${STATS_PIECE}
 // normir:splice ${RSQRT_PIECE}
 // normir:splice common/atomic_add.mlir
+// normir:splice ${SLOTS_DYN_PIECE} NAME=dynamic
 // normir:splice ${DB_SLOTS_PIECE} NAME=db
 // normir:splice ${DW_SLOTS_PIECE} NAME=dw
 // normir:splice ${LATE_EXT_T_PIECE} TENSOR=x TYPE=${T} EXT=${EXT_T}
@@ -141,6 +144,8 @@ ${ABSENT}
     %part_row = arith.addi %part_base, %slot : index
     // STAGE buffers (dynamic shared memory): [buffer][x, dy][k][thread] -> one 16-byte chunk.
     %stage_base = func.call @normir_stage_base() : () -> index
+    // The column sums' slots past static shared memory: byte addresses in the dynamic (SLOT_BASES).
+    ${SLOT_BASES}
     func.call @normir_cluster_init(%tid) : (index) -> ()  // before any peer's first exchange
 
     // Zeroed dw (and db) sums, once per block.

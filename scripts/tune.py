@@ -20,12 +20,11 @@ import os
 import sys
 
 VARIANTS = {  # (op, N, dtype): layouts to compare, as NORMIR_TPR values ("0": the policy's)
-    # v117 (v116: docs/results/2026-12-02-h200.md, run ax). The rule of _one_block_blocks (v115,
-    # v116) against the policy before it, at N between those measured; 3200 newly in one block.
+    # v121 (v120: docs/results/2026-12-02-h200.md, run bb). layout._one_block where the rule now
+    # takes it unmeasured (the fused add's 5120 on a tie of rows; LayerNorm's 4800 from 4-byte rows
+    # to 2 blocks) against the policy before.
     **{(op, n, "bf16"): ("0", v) for op, n, v in (
-        ("ln_bwd", 3200, "320x1v2r0d0"), ("ln_bwd", 3520, "224x1m3r0d3"),
-        ("add_ln_bwd", 2400, "160x1m4r0d1"), ("add_ln_bwd", 2880, "192x1m3r0d1"),
-        ("add_ln_bwd", 3520, "224x1m3r0d3"))},
+        ("add_ln_bwd", 5120, "160x2m4r0d3"), ("ln_bwd", 4800, "480x1v2r0d0"), ("add_ln_bwd", 4864, "160x2m4r0d3"))},
 }
 KERNEL = {"fwd": "rmsnorm_fwd", "bwd": "rmsnorm_bwd", "add_fwd": "fused_add_rmsnorm_fwd",
           "add_bwd": "fused_add_rmsnorm_bwd", "ln_fwd": "layernorm_fwd", "ln_bwd": "layernorm_bwd",

@@ -288,8 +288,8 @@ LN_STATS_N = (100, 2880, 65536)
 LN_ACCURACY_N = (1024, 2880, 4096)  # 2880: the two-pass variance (layout._two_pass)
 LN_BIT_N = (1024, 65536)
 # 1280, 2560: the fused add's forward held over 1 and 5 warps (32 x 5, 160 x 2); 4096: its backward
-# with db's sums in shared memory, capped; 6144, 7168: its backward's rows of 6 and 7 warps over 4
-# blocks of 4 warps, held, both sums in shared memory (layout._pow2_warps); 32768: its forward held
+# with db's sums in shared memory, capped; 6144, 7168: its backward's rows of 6 and 7 warps in one
+# block, read again, both sums in dynamic shared memory (layout._one_block); 32768: its forward held
 # over a 4-block cluster; 512: its backward in blocks of 8 rows under a register cap
 # (layout._rows_cap); 3456, 4608, 7424, 12288: its backward's rows read again in one block and
 # over clusters of 2 and 4 blocks, a masked chunk at 3456, 4608 and 7424, 6 warps at 12288, both
@@ -298,14 +298,14 @@ LN_FUSED_N = (*FUSED_N, 512, 1280, 2560, 3456, 4096, 4608, 6144, 7168, 7424, 122
 # Beside the shared N set: LayerNorm's own backward held over 2 blocks of 3, 5 and 6 warps, both
 # sums in shared memory (a masked chunk at 4608), and read again over 2 blocks of 8 warps with a
 # masked chunk (7680), and in one block of 5 and 7 warps, a masked chunk, read again, both sums in
-# shared memory (2112, 3520; layout._even_halves); its forward streamed in 1024 threads capped for
-# 2 blocks (32768).
-LN_LAYOUT_N = (2112, 3072, 3520, 4608, 6144, 7680, 32768)
+# shared memory (2112, 3520; layout._even_halves), and in one block of 14 warps with both sums in
+# dynamic shared memory (7168); its forward streamed in 1024 threads capped for 2 blocks (32768).
+LN_LAYOUT_N = (2112, 3072, 3520, 4608, 6144, 7168, 7680, 32768)
 # scripts/sanitize.py: (N, x's dtype): several rows per block with narrow vectors (100; 512 under
 # the fused add's register cap), rows split evenly (1600: the forward 16 threads a row, the
 # backward 4-byte chunks; 2560: the fused add's forward held at 2 chunks a thread), a masked tail
 # (2880), rows in registers (4096),
-# multi-warp rows (16384), the fused add's backward over 4 blocks of 4 warps with a masked chunk
+# multi-warp rows (16384), the backward in one block with both sums in dynamic shared memory
 # (7168), both sums in shared memory over 2 blocks with a masked chunk (4608; read again: 7680),
 # rows over clusters of 2 / 4 / 8 blocks (32768, 65536, 131072 in f32);
 # each with every SANITIZE_LN_COMBOS entry, (name, weight, bias, the residual's dtype, "x" for
@@ -331,13 +331,15 @@ def layer_bwd(n, x, r=None, w="", b=None, s=None, o=None, **kw) -> list[dict]:
 # it (the policy's own: 1024, 2048, 4096 plain; 2880, 4096 fused, in FWD_N and LN_FUSED_N):
 # test_db_sums_in_shared_memory runs each, scripts/sanitize.py those of SANITIZE_LN's N.
 # db_smem 2 and 3: the slots in 16-byte quarters (db's; dw's too), 16384's in the sanitizer; 65536
-# over a non-portable cluster of 16 (2 chunks a thread, so both sums fit the slots), there too.
+# over a non-portable cluster of 16 (2 chunks a thread, so both sums fit the slots), there too;
+# 8192 in one block of 512 threads, its slots (64 KB) in dynamic shared memory.
 DB_SMEM_CASES = ((1024, dict(tpr=64, db_smem=1)), (2880, dict(tpr=96, cluster=2, cache_row=1, db_smem=1)),
                  (4096, dict(tpr=128, db_smem=1)), (4096, dict(tpr=256, cache_row=0, db_smem=1)),
                  (8192, dict(tpr=256, cluster=2, db_smem=1)), (32768, dict(tpr=256, cluster=8, db_smem=1)),
                  (1024, dict(tpr=64, db_smem=2)), (4096, dict(tpr=128, db_smem=3)),
                  (16384, dict(tpr=256, cluster=4, db_smem=3)),
-                 (65536, dict(tpr=256, cluster=16, min_blocks=3, db_smem=3)))
+                 (65536, dict(tpr=256, cluster=16, min_blocks=3, db_smem=3)),
+                 (8192, dict(tpr=512, cluster=1, cache_row=0, min_blocks=2, db_smem=3)))
 
 
 def _forced_bwd(specs: list[dict], knobs: dict) -> list[dict]:

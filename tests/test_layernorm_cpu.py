@@ -130,7 +130,7 @@ def test_layout_sees_one_read_without_a_residual():
     assert (fused.tpr, fused.k, rms.tpr, rms.kfull) == (96, 4, 352, 1)
 
 
-@pytest.mark.parametrize("n", [3072, 4096, 8192])  # (2880's masked halves: one block, below)
+@pytest.mark.parametrize("n", [4096, 8192])  # (2880's masked halves and 3072: one block, below)
 def test_backward_holds_its_rows_where_rmsnorm_rereads_them(n):
     # The backward's two row sums (c1, c2): rows of 2 chunks per thread stay in registers between
     # the passes (with a weight and a bias, whose column sums take registers too), where
@@ -180,13 +180,18 @@ def test_db_sums_in_shared_memory_knob(monkeypatch):
     assert (over[("layernorm_bwd", 4096)]["min_blocks"], over[("layernorm_bwd", 8192)]["db_smem"]) == (5, 3)
 
 
-@pytest.mark.parametrize(("n", "dres", "db_smem", "blocks", "held"), [
-    (1024, False, 1, 10, True), (2048, False, 1, 5, True), (4096, False, 1, 5, True), (2880, True, 3, 4, False),
-    (4096, True, 1, 3, False), (8192, False, 3, 3, True), (16384, False, 3, 3, True), (32768, False, 3, 3, True),
-    (1024, True, 3, 12, True), (2048, True, 3, 6, True), (8192, True, 3, 3, True), (32768, True, 3, 3, True),
-    (3072, False, 3, 6, True), (4608, False, 3, 4, True), (6144, False, 3, 3, True), (4608, True, 3, 4, False),
-    (7680, True, 3, 3, False), (5120, True, 3, 4, False), (3456, True, 3, 4, False), (2400, True, 3, 5, False)])
-def test_policy_moves_db_sums_where_a_block_is_gained(n, dres, db_smem, blocks, held):
+SPLIT = dict(cluster=2)  # rows over 2 blocks, which layout._one_block would take to one
+
+
+@pytest.mark.parametrize(("n", "dres", "db_smem", "blocks", "held", "kw"), [
+    (1024, False, 1, 10, True, {}), (2048, False, 1, 5, True, {}), (4096, False, 1, 5, True, {}),
+    (2880, True, 3, 4, False, {}), (4096, True, 1, 3, False, {}), (8192, False, 3, 3, True, {}),
+    (16384, False, 3, 3, True, {}), (32768, False, 3, 3, True, {}), (1024, True, 3, 12, True, {}),
+    (2048, True, 3, 6, True, {}), (8192, True, 3, 3, True, {}), (32768, True, 3, 3, True, {}),
+    (3072, False, 3, 6, True, SPLIT), (4608, False, 3, 4, True, SPLIT), (6144, False, 3, 3, True, SPLIT),
+    (4608, True, 3, 4, False, SPLIT), (7680, True, 3, 3, False, {}), (5120, True, 3, 4, False, SPLIT),
+    (3456, True, 3, 4, False, {}), (2400, True, 3, 5, False, {})])
+def test_policy_moves_db_sums_where_a_block_is_gained(n, dres, db_smem, blocks, held, kw):
     # The policy's db_smem: 16-bit rows of 2 chunks a thread, with a weight and a bias, whose
     # freed registers let a cap add resident blocks: db's sums alone (1; 96 registers for held
     # rows and rows with a masked chunk, 80 for rows read again) where that adds one, else dw's
@@ -195,13 +200,16 @@ def test_policy_moves_db_sums_where_a_block_is_gained(n, dres, db_smem, blocks, 
     # for rows held (3072, 4608, 6144), 80 for the fused add's read again (4608, 5120, 7680); in
     # one block with a masked chunk, read again, the choice of the most blocks: both sums at 72
     # registers (layout._one_block_blocks: 2400 in 5 warps, 2880 in 6, 3456 in 7).
-    lay = Options(kernel="layernorm_bwd", n=n, bdtype="f32", has_dres_out=dres).layout
+    # (SPLIT: forced over 2 blocks, as the policy's layout was before layout._one_block.)
+    lay = Options(kernel="layernorm_bwd", n=n, bdtype="f32", has_dres_out=dres, **kw).layout
     assert (lay.db_smem, lay.min_blocks, lay.k, lay.cache_row) == (db_smem, blocks, 2, held)
     # Not where no block is gained or the cap spilled (tests/test_sm90_spill.py): 4-byte rows read
-    # again (2240, layout._even_halves), over a cluster in 7 warps (7168: 2 blocks either way),
-    # beside an fp32 weight (4096 over a cluster, the fused add's 7680); not in fp32 rows (64-72
-    # registers already), not without a bias or a weight, not on gfx950 (measured on the H200 only).
-    for kw in (dict(n=2240), dict(n=7168), dict(n=4096, wdtype="f32"), dict(n=7680, has_dres_out=True, wdtype="f32"),
+    # again (2240, layout._even_halves), over a cluster in 7 warps beside an fp32 weight (7168: 2
+    # blocks either way; with a 16-bit one it goes to one block, layout._one_block), beside an
+    # fp32 weight (4096 over a cluster, the fused add's 7680); not in fp32 rows (64-72 registers
+    # already), not without a bias or a weight, not on gfx950 (measured on the H200 only).
+    for kw in (dict(n=2240), dict(n=7168, wdtype="f32"), dict(n=4096, wdtype="f32"),
+               dict(n=7680, has_dres_out=True, wdtype="f32"),
                dict(n=1024, dtype="f32"), dict(n=2048, has_weight=False), dict(n=1024, target="gfx950")):
         other = Options(kernel="layernorm_bwd", **{"bdtype": "f32", **kw}).layout
         assert not other.db_smem and not other.min_blocks, kw
@@ -228,13 +236,14 @@ def test_policy_moves_db_sums_of_4_chunk_rows_over_a_cluster():
 
 
 def test_held_masked_rows_of_7_or_8_warps_over_2_blocks_are_read_again():
-    # LayerNorm's backward held over 2 blocks of 7 or 8 warps with a masked chunk (6400-7936):
-    # read again with both sums in shared memory, 3 blocks; not whole warps (7168), not over 4
-    # blocks (14848), not where cache_row is forced.
-    for n in (6656, 7680):
+    # LayerNorm's backward held over 2 blocks of 8 warps with a masked chunk (7200-7936; 6176-7136
+    # in 7 warps go to one block, layout._one_block): read again with both sums in shared memory,
+    # 3 blocks; not whole warps beside an fp32 weight (7168), not over 4 blocks (14848), not where
+    # cache_row is forced.
+    for n in (7424, 7680):
         lay = Options(kernel="layernorm_bwd", n=n, bdtype="f32").layout
         assert (lay.cluster, lay.cache_row, lay.db_smem, lay.min_blocks) == (2, False, 3, 3), n
-    for n, kw in ((7168, {}), (14848, {}), (7680, dict(cache_row=1))):
+    for n, kw in ((7168, dict(wdtype="f32")), (14848, {}), (7680, dict(cache_row=1))):
         lay = Options(kernel="layernorm_bwd", n=n, bdtype="f32", **kw).layout
         assert lay.cache_row and not lay.db_smem, (n, kw)
     # Cache hints only where every row tensor moves in 16-byte chunks (an fp32 residual_out beside
@@ -338,16 +347,19 @@ def test_fused_add_backward_rows_take_half_width_chunks_where_the_slots_fill_lit
 
 
 def test_fused_layernorm_backward_over_6_or_7_warps_goes_to_4_blocks_of_4():
-    # The fused add's LayerNorm backward over 2 blocks of 6 or 7 warps (6144, 6656, 7168): 4 blocks
-    # of 4 warps, held, both sums in shared memory, capped for 6 blocks; not 5 warps (5120, 4608:
-    # 160 x 2, read again), not LayerNorm's own, not beside an fp32 weight, not without a bias,
-    # not on gfx950.
+    # The fused add's LayerNorm backward over 2 blocks of 6 or 7 warps (5632-7168) without a weight
+    # (layout._pow2_warps): 4 blocks of 4 warps, held, both sums' slots in shared memory, capped for
+    # 6 blocks. With a 16-bit weight those rows go to one block first (layout._one_block: 352-448
+    # threads, 2 blocks); not 5 warps (5120, 4608), not LayerNorm's own, not beside an fp32
+    # weight, not without a bias, not on gfx950.
     def lay(n, **kw):
         return Options(kernel="layernorm_bwd", n=n, **{"bdtype": "f32", "has_dres_out": True, **kw}).layout
 
     for n in (5632, 6144, 6656, 7168):
-        got = lay(n)
+        got = lay(n, has_weight=False)
         assert (got.tpr, got.cluster, got.k, got.cache_row, got.db_smem, got.min_blocks) == (128, 4, 2, True, 3, 6), n
+        got = lay(n)
+        assert (got.tpr, got.cluster, got.k, got.cache_row, got.db_smem, got.min_blocks) == (n // 16, 1, 2, False, 3, 2)
     for n, kw in ((5120, {}), (4608, {}), (7168, dict(has_dres_out=False)), (7168, dict(wdtype="f32")),
                   (7168, dict(bdtype="")), (7168, dict(target="gfx950"))):
         assert (lay(n, **kw).tpr, lay(n, **kw).cluster) != (128, 4), (n, kw)
@@ -379,12 +391,14 @@ def test_layernorm_backward_halves_of_a_masked_chunk_go_to_one_block():
 
 def test_backward_rows_split_over_a_cluster_only_where_the_halves_are_even():
     # LayerNorm's backward takes 2 blocks of half the threads for rows of over 4 warps at 2
-    # chunks, unless the row splits evenly in one block and its halves would not (2560, 3584).
+    # chunks, unless the row splits evenly in one block and its halves would not (2560, 3584);
+    # the halves may then go to one block again (layout._one_block: 3072 as 192 x 2).
     def lay(n):
         return Options(kernel="layernorm_bwd", n=n, bdtype="f32").layout
 
     assert [(lay(n).tpr, lay(n).cluster) for n in (2560, 3584)] == [(160, 1), (224, 1)]
-    assert [(lay(n).tpr, lay(n).cluster) for n in (3072, 4096, 5120)] == [(96, 2), (128, 2), (160, 2)]
+    assert [(lay(n).tpr, lay(n).cluster) for n in (4096, 5120)] == [(128, 2), (160, 2)]
+    assert (lay(3072).tpr, lay(3072).cluster, lay(3072).db_smem) == (192, 1, 3)
 
 
 def test_fused_add_rows_of_1024_streamed_threads_are_held_over_a_cluster():
@@ -399,3 +413,44 @@ def test_fused_add_rows_of_1024_streamed_threads_are_held_over_a_cluster():
     assert (rms.tpr, rms.cluster, rms.cache_row) == (1024, 1, False)
     assert Options(**fused, target="gfx950").layout.cluster == 1
     assert Options(**{**fused, "n": 16384}).layout.cluster == 1  # 512 x 4 streamed
+
+
+def test_backward_in_one_block_with_the_slots_in_dynamic_shared_memory():
+    # LayerNorm's 16-bit backward over 2 blocks goes to one block of 2 chunks a thread, read again,
+    # both sums in shared memory (layout._one_block), where it holds more rows at once: 7168's
+    # slots (2 sums x 2 chunks x 448 threads x 32 bytes = 56 KB) pass the static limit and go to
+    # the launch's dynamic shared memory, dw's from its base and db's after them; the fused add's
+    # too (6144, 7168). Not where db's sums alone moved keep the rows held (4096), nor where one
+    # block holds fewer rows (8192), nor beside an fp32 weight, nor on gfx950.
+    from normir.specialize import values_for
+
+    def lay(n, **kw):
+        return Options(kernel="layernorm_bwd", n=n, **{"bdtype": "f32", **kw}).layout
+
+    def shape(got):
+        return got.tpr, got.cluster, got.k, got.cache_row, got.db_smem, got.min_blocks
+
+    got = lay(7168)
+    assert shape(got) == (448, 1, 2, False, 3, 2) and got.dyn_slots and got.smem_bytes == 2 * 2 * 448 * 8 * 4
+    assert shape(lay(6144, has_dres_out=True)) == (384, 1, 2, False, 3, 2)
+    assert shape(lay(4608, has_dres_out=True)) == (288, 1, 2, False, 3, 3) and not lay(4608).dyn_slots
+    assert (lay(4096).tpr, lay(4096).cluster, lay(4096).db_smem) == (128, 2, 1)
+    assert (lay(8192).tpr, lay(8192).cluster) == (256, 2)
+    for kw in (dict(wdtype="f32"), dict(target="gfx950")):
+        assert lay(7168, **kw).cluster > 1 or lay(7168, **kw).tpr != 448, kw
+    v = values_for(Options(kernel="layernorm_bwd", n=7168, bdtype="f32"))
+    assert v["SLOT_BUF"] == "index" and v["DB_IN_WORKGROUP"] == v["DW_IN_WORKGROUP"] == ""
+    assert v["STAGE_PIECE"] == "common/stage_nvvm.mlir" and v["SLOTS_DYN_PIECE"] == "common/slots_dyn.mlir"
+    assert "%db_slots_at = arith.constant 28672 : index" in v["SLOT_BASES"]
+    assert v["SLOT_LOAD"].startswith("func.call @normir_slot_load(%buf, %k, %h, %tid)")
+    static = values_for(Options(kernel="layernorm_bwd", n=4096, bdtype="f32", db_smem=3))
+    assert static["SLOT_BASES"] == "" and static["SLOT_LOAD"].startswith("vector.load %buf[%k, %h, %tid, %c0]")
+    # Forced: the quarter slots may pass the static limit on NVIDIA, up to MAX_DYN_SLOT_BYTES; gfx950
+    # (no dynamic base here) refuses past 40 KB, naming the limit.
+    forced = lay(8192, tpr=512, cluster=1, cache_row=0, db_smem=3, min_blocks=2)
+    assert forced.dyn_slots and forced.smem_bytes == 64 * 1024
+    with pytest.raises(ValueError, match=r"db_smem=3 needs .* in at most 40960 bytes"):
+        assert Options(kernel="layernorm_bwd", n=8192, bdtype="f32", target="gfx950", tpr=512, cluster=1,
+                       cache_row=0, db_smem=3).layout
+    with pytest.raises(ValueError, match=r"db_smem=1 needs .* in at most 40960 bytes"):
+        lay(16384, tpr=1024, cluster=1, cache_row=0, db_smem=1)  # db's [k][tid] slots stay static

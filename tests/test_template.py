@@ -165,8 +165,10 @@ def test_streamed_rows_in_words_load_pass_2_chunk_by_chunk():
 
 @pytest.mark.parametrize("kernel,n,extra,words", [
     ("layernorm_bwd", 2880, {}, True),  # rows read again
-    ("layernorm_bwd", 7168, {}, True),  # LayerNorm's rows held
-    ("layernorm_bwd", 7168, {"has_dres_out": True}, False),  # the fused add's rows held, capped: spill
+    ("layernorm_bwd", 7168, {}, True),  # one block, both sums' slots in dynamic shared memory
+    ("layernorm_bwd", 7168, {"has_dres_out": True}, True),  # the same for the fused add's rows
+    ("layernorm_bwd", 4096, {}, True),  # LayerNorm's rows held
+    ("layernorm_bwd", 7168, {"has_dres_out": True, "has_weight": False}, False),  # held over 4 blocks, capped: spill
     ("layernorm_bwd", 65536, {"has_dres_out": True}, True),  # the fused add's rows read again
     ("layernorm_bwd", 4096, {"has_dres_out": True, "wdtype": "f32"}, False),  # an fp32 weight: spill at the cap
     ("layernorm_bwd", 8192, {"stage": 1, "cache_row": 0}, False),  # staged
