@@ -393,10 +393,13 @@ def _db_smem(opts: Options, lay: Layout, tgt: targets.Target, work: RowWork, per
       4 blocks (14848) that lost 4%, and they keep their layouts;
     - rows of 4 chunks a thread over a cluster, read again, 16-bit, no masked chunk (LayerNorm's
       backwards at 40960-65536): the sums in registers took 196-217 registers (BWD_SUMS4_REGS),
-      one block; both sums would not fit the slots, db's alone do (32 KB at 256 threads), capped
-      for 2 blocks (BWD_SUMS_REGS; ptxas: 128, no spill). *tune-v94*, 65536: the fused add's 3156-3194
-      against 2623-2637, with pass 2's chunks not loaded early (overlap 0: at 2 ptxas spilled 8
-      bytes, 3069-3095); LayerNorm's 2880-2901 against 2626-2886 (a tie to +5%).
+      one block; db's alone fit static slots (32 KB at 256 threads), capped for 2 blocks
+      (BWD_SUMS_REGS; ptxas: 128, no spill). *tune-v94*, 65536: the fused add's 3156-3194 against
+      2623-2637, with pass 2's chunks not loaded early (overlap 0: at 2 ptxas spilled 8 bytes,
+      3069-3095); LayerNorm's 2880-2901 against 2626-2886 (a tie to +5%). Both sums' slots fit
+      dynamic shared memory (64 KB), the same cap, where it leaves 2 blocks or more: 65536 +8%,
+      the fused add's +2% with pass 2's chunks loaded early again (ptxas: 121-125 registers,
+      *tune-v122*); 49152 a tie; one block (81920) lost 4% (*tune-v123*).
 
     Only where the column sums take BWD_SPLIT_DW registers a thread or more (16-bit rows): f32
     rows of 2 chunks keep 64-72 registers without it. Without a weight, 3 is 2 (db's alone in
@@ -421,7 +424,10 @@ def _db_smem(opts: Options, lay: Layout, tgt: targets.Target, work: RowWork, per
     sums_regs = lay.k * lay.vec * col_sums(work, opts)  # fp32 column sums per thread (dw's and db's)
     # Rows of 4 chunks a thread over a cluster, read again, 16-bit, every thread the same chunks
     # (LayerNorm's backwards at 65536): the sums in registers took 196-217 (ptxas), one block of
-    # 256; db's alone fit the slots (with a masked chunk the cap spilled: 16416, 28704).
+    # 256; db's alone fit static slots (with a masked chunk the cap spilled: 16416, 28704), both
+    # the dynamic ones (64 KB a block; ptxas 121-125 registers at 2 blocks, none spilled):
+    # 65536 3180-3223 against 2951-2961 with db's alone, the fused add's 3310-3349 against
+    # 3237-3269 (*tune-v122*); 49152 a tie (3160-3196 against 3192-3214), the fused add's +1%.
     wide_k = lay.k == 4 and full and lay.cluster > 1 and not lay.cache_row and DTYPES[opts.dtype] == 2
     if not (persistent and tgt.min_blocks_attr and opts.has_weight and lay.dw_regs and not lay.stage
             and need <= MAX_DB_SMEM_BYTES and (lay.k <= 2 or wide_k) and sums_regs >= BWD_SPLIT_DW):
@@ -459,8 +465,10 @@ def _db_smem(opts: Options, lay: Layout, tgt: targets.Target, work: RowWork, per
     # ptxas 157-161 registers, one block, not the reckoning's 2) are read again instead.
     if lay.cache_row and not full and lay.cluster == 2 and opts.cache_row == -1 and both_fit:
         choices.append((False, 3, at(DB_SMEM_REGS_READ)))
-    if wide_k:
-        choices = [(False, 1, at(BWD_SUMS_REGS))]
+    if wide_k:  # both sums in dynamic shared memory where their slots fit it, beside a w no wider than
+        # x, at 2 blocks or more (81920, one block of 320: 2702-2706 against 2811-2830, *tune-v123*)
+        both_dyn = narrow_w and tgt.stage_piece and 2 * need <= MAX_DYN_SLOT_BYTES and at(BWD_SUMS_REGS) > 1
+        choices = [(False, 3 if both_dyn else 1, at(BWD_SUMS_REGS))]
     gains = [c for c in choices if c[2] > at(in_regs)]
     if not gains:
         return lay  # no block gained over the sums in registers (224 or 256 threads with a masked chunk)
@@ -475,7 +483,7 @@ def _db_smem(opts: Options, lay: Layout, tgt: targets.Target, work: RowWork, per
         policy = opts.hints == -1 and _hintable(opts, tgt, work, lay)
         lay = replace(lay, cache_row=held, hints=_hint_policy(replace(lay, cache_row=held), True, opts.has_weight)
                       if policy else lay.hints)
-    if wide_k and opts.has_dres_out and opts.overlap == -1:
+    if wide_k and db_smem == 1 and opts.has_dres_out and opts.overlap == -1:
         lay = replace(lay, overlap=0)  # the fused add's pass 2 loaded early spilled 8 bytes at the cap
     return replace(lay, db_smem=db_smem, min_blocks=lay.min_blocks or blocks)
 

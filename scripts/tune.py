@@ -20,11 +20,10 @@ import os
 import sys
 
 VARIANTS = {  # (op, N, dtype): layouts to compare, as NORMIR_TPR values ("0": the policy's)
-    # v121 (v120: docs/results/2026-12-02-h200.md, run bb). layout._one_block where the rule now
-    # takes it unmeasured (the fused add's 5120 on a tie of rows; LayerNorm's 4800 from 4-byte rows
-    # to 2 blocks) against the policy before.
-    **{(op, n, "bf16"): ("0", v) for op, n, v in (
-        ("add_ln_bwd", 5120, "160x2m4r0d3"), ("ln_bwd", 4800, "480x1v2r0d0"), ("add_ln_bwd", 4864, "160x2m4r0d3"))},
+    # v123 (v122: docs/results/2026-12-02-h200.md, run be). The rule from it (both sums' slots
+    # for rows of 4 chunks a thread over 8 blocks) at 49152 and 81920 against db's alone.
+    **{(op, n, "bf16"): ("0", f"{t}x8m{m}{o}r0d1") for op, o in (("ln_bwd", ""), ("add_ln_bwd", "o0"))
+       for n, t, m in ((49152, 192, 2), (81920, 320, 1))},
 }
 KERNEL = {"fwd": "rmsnorm_fwd", "bwd": "rmsnorm_bwd", "add_fwd": "fused_add_rmsnorm_fwd",
           "add_bwd": "fused_add_rmsnorm_bwd", "ln_fwd": "layernorm_fwd", "ln_bwd": "layernorm_bwd",

@@ -219,20 +219,25 @@ def test_policy_moves_db_sums_where_a_block_is_gained(n, dres, db_smem, blocks, 
 
 
 def test_policy_moves_db_sums_of_4_chunk_rows_over_a_cluster():
-    # LayerNorm's backwards of 4 chunks a thread over a cluster, read again (16-bit, 40960-65536):
-    # db's sums in shared memory (both would not fit the slots), capped for 2 blocks; not in fp32
-    # rows, not on gfx950. 40960: 160 threads, 3 blocks.
+    # LayerNorm's backwards of 4 chunks a thread over a cluster, read again (16-bit, 40960-81920):
+    # both sums in shared memory (65536: 64 KB a block, in the dynamic), capped for 2 blocks;
+    # beside an fp32 weight, or where one block is left (81920), db's alone; not in fp32 rows, not
+    # on gfx950. 40960: 160 threads, 3 blocks, its slots (40 KB) static.
     for n, blocks in ((40960, 3), (65536, 2)):
         for dres in (False, True):
             lay = Options(kernel="layernorm_bwd", n=n, bdtype="f32", has_dres_out=dres).layout
-            got = (lay.k, lay.cluster, lay.cache_row, lay.db_smem, lay.min_blocks)
-            assert got == (4, 8, False, 1, blocks), (n, dres)
+            got = (lay.k, lay.cluster, lay.cache_row, lay.db_smem, lay.min_blocks, lay.overlap)
+            assert got == (4, 8, False, 3, blocks, 2), (n, dres)
+            assert lay.dyn_slots == (n == 65536)
     for kw in (dict(dtype="f32", wdtype="f32"), dict(target="gfx950")):
         lay = Options(kernel="layernorm_bwd", n=65536, bdtype="f32", **kw).layout
         assert not lay.db_smem and not lay.min_blocks, kw
-    # The fused add's pass 2 is not loaded early there (it spilled at the cap); LayerNorm's is.
-    assert Options(kernel="layernorm_bwd", n=65536, bdtype="f32", has_dres_out=True).layout.overlap == 0
-    assert Options(kernel="layernorm_bwd", n=65536, bdtype="f32").layout.overlap == 2
+    # db's alone beside an fp32 weight (both moved spilled there); the fused add's pass 2 then not
+    # loaded early (it spilled at the cap); LayerNorm's is.
+    for n, kw, blocks in ((65536, dict(wdtype="f32"), 2), (81920, {}, 1)):
+        for dres, overlap in ((True, 0), (False, 2)):
+            lay = Options(kernel="layernorm_bwd", n=n, bdtype="f32", has_dres_out=dres, **kw).layout
+            assert (lay.db_smem, lay.min_blocks, lay.overlap) == (1, blocks, overlap), (n, kw, dres)
 
 
 def test_held_masked_rows_of_7_or_8_warps_over_2_blocks_are_read_again():
