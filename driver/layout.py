@@ -43,8 +43,8 @@ MAX_DYN_SLOT_BYTES = 112 * 1024
 # quadrants (a warp's registers come from one: 4 x 16384 on sm_90).
 DB_SMEM_REGS_HELD, DB_SMEM_REGS_READ = 96, 80
 DB_SMEM_REGS_BOTH = 80  # rows held, dw's sums in shared memory too (ptxas: 80 at 2048-32768, bf16)
-# Rows of one block, 2 chunks a thread with a masked one, read again, both sums in shared memory
-# (_one_block_blocks): ptxas 56-64 registers uncapped, 63-72 capped for 4-6 blocks, none spilled.
+# Rows of one block, 2 chunks a thread, read again, both sums in shared memory (_one_block_blocks):
+# ptxas 56-64 registers uncapped, 63-72 capped for 2-6 blocks, none spilled.
 DB_SMEM_REGS_ONE = 72
 ONE_BLOCK_TWO_READS = 4  # the most blocks of those rows where a row is read twice (no d_residual_out)
 REG_QUADRANTS = 4

@@ -291,22 +291,22 @@ LN_BIT_N = (1024, 65536)
 # with db's sums in shared memory, capped; 6144, 7168: its backward's rows of 6 and 7 warps in one
 # block, read again, both sums in dynamic shared memory (layout._one_block); 32768: its forward held
 # over a 4-block cluster; 512: its backward in blocks of 8 rows under a register cap
-# (layout._rows_cap); 3456, 4608, 7424, 12288: its backward's rows read again in one block and
-# over clusters of 2 and 4 blocks, a masked chunk at 3456, 4608 and 7424, 6 warps at 12288, both
-# sums in shared memory.
+# (layout._rows_cap); 3456, 4608, 7424, 12288: its backward's rows read again in one block (3456,
+# 4608: layout._one_block) and over clusters of 2 and 4 blocks, a masked chunk at 3456 and 7424,
+# 6 warps at 12288, both sums in shared memory.
 LN_FUSED_N = (*FUSED_N, 512, 1280, 2560, 3456, 4096, 4608, 6144, 7168, 7424, 12288, 32768)
-# Beside the shared N set: LayerNorm's own backward held over 2 blocks of 3, 5 and 6 warps, both
-# sums in shared memory (a masked chunk at 4608), and read again over 2 blocks of 8 warps with a
-# masked chunk (7680), and in one block of 5 and 7 warps, a masked chunk, read again, both sums in
-# shared memory (2112, 3520; layout._even_halves), and in one block of 14 warps with both sums in
-# dynamic shared memory (7168); its forward streamed in 1024 threads capped for 2 blocks (32768).
+# Beside the shared N set: LayerNorm's own backward read again over 2 blocks of 8 warps with a
+# masked chunk (7680), and in one block of 2 chunks a thread, read again, both sums in shared
+# memory (layout._one_block): 5 and 7 warps with a masked chunk (2112, 3520), 6, 9 and 12 warps
+# (3072, 4608, 6144), 14 warps with the slots in dynamic shared memory (7168); its forward
+# streamed in 1024 threads capped for 2 blocks (32768).
 LN_LAYOUT_N = (2112, 3072, 3520, 4608, 6144, 7168, 7680, 32768)
 # scripts/sanitize.py: (N, x's dtype): several rows per block with narrow vectors (100; 512 under
 # the fused add's register cap), rows split evenly (1600: the forward 16 threads a row, the
 # backward 4-byte chunks; 2560: the fused add's forward held at 2 chunks a thread), a masked tail
 # (2880), rows in registers (4096),
-# multi-warp rows (16384), the backward in one block with both sums in dynamic shared memory
-# (7168), both sums in shared memory over 2 blocks with a masked chunk (4608; read again: 7680),
+# multi-warp rows (16384), the backward in one block with both sums in shared memory (4608; 7168
+# in the dynamic), both sums in shared memory over 2 blocks read again (7680),
 # rows over clusters of 2 / 4 / 8 blocks (32768, 65536, 131072 in f32);
 # each with every SANITIZE_LN_COMBOS entry, (name, weight, bias, the residual's dtype, "x" for
 # x's, or None): weight and bias of x's type; the fused add gets d_residual_out. Atomic column
