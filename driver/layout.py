@@ -412,7 +412,7 @@ def _db_smem(opts: Options, lay: Layout, tgt: targets.Target, work: RowWork, per
     need = moved * lay.k * lay.block * lay.vec * 4
     if opts.db_smem > 0:
         # The quarter slots (2, 3) may pass static shared memory into the dynamic (the stage piece's).
-        most = MAX_DYN_SLOT_BYTES if opts.db_smem >= 2 and tgt.stage_piece else MAX_DB_SMEM_BYTES
+        most = _slot_limit(tgt) if opts.db_smem >= 2 else MAX_DB_SMEM_BYTES
         if not (persistent and lay.dw_regs and not lay.stage) or need > most:
             raise ValueError(f"db_smem={opts.db_smem} needs a backward with its column sums in registers, not staged (the "
                              f"stage buffers take the shared memory), in at most {most} bytes of "
@@ -467,8 +467,8 @@ def _db_smem(opts: Options, lay: Layout, tgt: targets.Target, work: RowWork, per
         choices.append((False, 3, at(DB_SMEM_REGS_READ)))
     if wide_k:  # both sums in dynamic shared memory where their slots fit it, beside a w no wider than
         # x, at 2 blocks or more (81920, one block of 320: 2702-2706 against 2811-2830, *tune-v123*)
-        both_dyn = narrow_w and tgt.stage_piece and 2 * need <= MAX_DYN_SLOT_BYTES and at(BWD_SUMS_REGS) > 1
-        choices = [(False, 3 if both_dyn else 1, at(BWD_SUMS_REGS))]
+        both = narrow_w and 2 * need <= _slot_limit(tgt) and at(BWD_SUMS_REGS) > 1
+        choices = [(False, 3 if both else 1, at(BWD_SUMS_REGS))]
     gains = [c for c in choices if c[2] > at(in_regs)]
     if not gains:
         return lay  # no block gained over the sums in registers (224 or 256 threads with a masked chunk)
@@ -698,13 +698,17 @@ def _one_block(opts: Options, tgt: targets.Target, work: RowWork, lay: Layout) -
     does not apply: another db_smem forced, no weight, a w wider than x (both sums moved beside it
     spilled, _db_smem), other than 2 chunks a thread, or slots past the limit."""
     tpr = -(-opts.n // (2 * lay.vec * lay.warp)) * lay.warp  # the fewest whole warps at 2 chunks a thread
-    one = _bwd_block_layout(opts.n, lay.vec, tgt, work, opts, tpr)
-    slots = 2 * one.k * one.block * one.vec * 4  # both sums' fp32 slots
+    one = replace(_bwd_block_layout(opts.n, lay.vec, tgt, work, opts, tpr), cache_row=False, db_smem=3)
     if not (opts.db_smem in (-1, 3) and opts.has_weight and DTYPES[opts.wdtype] <= DTYPES[opts.dtype]
-            and one.k == 2 and not one.stage and slots <= (MAX_DYN_SLOT_BYTES if tgt.stage_piece else MAX_DB_SMEM_BYTES)):
+            and one.k == 2 and not one.stage and one.slot_bytes <= _slot_limit(tgt)):
         return None
-    one = replace(one, cache_row=False, db_smem=3)
     return replace(one, min_blocks=_one_block_blocks(opts, tgt, one))
+
+
+def _slot_limit(tgt: targets.Target) -> int:
+    """Bytes of the column sums' quarter slots a block may take: past static shared memory into the
+    dynamic, where the target has its base (the stage piece's)."""
+    return MAX_DYN_SLOT_BYTES if tgt.stage_piece else MAX_DB_SMEM_BYTES
 
 
 def _pow2_warps(opts: Options, tgt: targets.Target, work: RowWork, lay: Layout) -> Layout:
