@@ -171,9 +171,13 @@ ${ABSENT}
       }
       func.call @normir_stage_commit() : () -> ()
     }
-    scf.for %g = %cid to %groups step %clusters {
-      %first_iter = arith.cmpi eq, %g, %cid : index
-      %iter = arith.divui %g, %clusters : index
+    // %iter: this block's row groups so far (the exchange's buffer and phase), counted in 32
+    // bits beside the group index rather than divided from it on every row.
+    %c0_i32 = arith.constant 0 : i32
+    %c1_i32 = arith.constant 1 : i32
+    %groups_done = scf.for %g = %cid to %groups step %clusters iter_args(%iter_i32 = %c0_i32) -> (i32) {
+      %iter = arith.index_castui %iter_i32 : i32 to index
+      %first_iter = arith.cmpi eq, %iter, %c0 : index
       %parity = arith.remui %iter, %c2 : index
       %g_base = arith.muli %g, %rows_per_block : index
       %row = arith.addi %g_base, %slot : index
@@ -384,6 +388,8 @@ ${ABSENT}
           }
         }
       }
+      %iter_next = arith.addi %iter_i32, %c1_i32 : i32
+      scf.yield %iter_next : i32
     }
 
     // Register-mode column sums (dw, db) leave the block: one partial row per slot, or fp32

@@ -20,10 +20,12 @@ import os
 import sys
 
 VARIANTS = {  # (op, N, dtype): layouts to compare, as NORMIR_TPR values ("0": the policy's)
-    # v123 (v122: docs/results/2026-12-02-h200.md, run be). The rule from it (both sums' slots
-    # for rows of 4 chunks a thread over 8 blocks) at 49152 and 81920 against db's alone.
-    **{(op, n, "bf16"): ("0", f"{t}x8m{m}{o}r0d1") for op, o in (("ln_bwd", ""), ("add_ln_bwd", "o0"))
-       for n, t, m in ((49152, 192, 2), (81920, 320, 1))},
+    # v129: the policy's layouts, timed with three builds of normir (a kernel-text A/B/C: the
+    # same scripts with each build's package and AOT folder, alternating): the former text, the
+    # backward's loop counting its row groups with and without the -0.0 reductions (v124-v128).
+    **{(op, n, "bf16"): ("0",) for op, ns in (
+        ("ln_bwd", (2880, 7168, 16384, 32768, 65536)), ("add_ln_bwd", (4096, 32768)), ("bwd", (65536,)))
+       for n in ns},
 }
 KERNEL = {"fwd": "rmsnorm_fwd", "bwd": "rmsnorm_bwd", "add_fwd": "fused_add_rmsnorm_fwd",
           "add_bwd": "fused_add_rmsnorm_bwd", "ln_fwd": "layernorm_fwd", "ln_bwd": "layernorm_bwd",

@@ -4,8 +4,8 @@ A cap (min_blocks, NVVM's .minctasm) that the kernel's live values do not fit ma
 them to local memory, which cost 20-50% on the H200 (*tune-v74*). The policy caps LayerNorm's
 backward where db's column sums move to shared memory (layout._db_smem); each distinct layout
 it caps that way is compiled here (bf16 with the weight in bf16 and in fp32, f16), and ptxas must
-report no spill, but for one measured exception (HELD_OVER_CLUSTER_SPILL). Skipped where ptxas is
-absent."""
+report no spill, but for one measured exception (HELD_OVER_CLUSTER_SPILL) and another dtype's
+uncapped layout at the same N (ptxas's own choice, UNCAPPED_SPILL). Skipped where ptxas is absent."""
 
 from __future__ import annotations
 
@@ -23,6 +23,10 @@ PTXAS = targets.ptxas_path()
 # The fused add's rows held over a cluster with both column sums in shared memory, 3 blocks of 256:
 # ptxas spills 16 bytes at that cap, and still +5.5-7.8% over 2 blocks unspilled (*tune-v80*).
 HELD_OVER_CLUSTER_SPILL = 16
+# Another dtype's layout at a capped N may be uncapped: its registers are ptxas's own choice, which
+# trades a few bytes of spill for a resident block where the kernel states its block size
+# (docs/tuning.md; bf16 rows with an fp32 weight and d_residual_out at 8224-24640: 8 bytes).
+UNCAPPED_SPILL = 8
 
 
 def _capped_layouts() -> list[tuple[int, bool]]:
@@ -58,7 +62,8 @@ def test_capped_layouts_do_not_spill(n, dres, dtype, wdtype, tmp_path):
     spills = [int(s) for s in re.findall(r"(\d+) bytes spill (?:stores|loads)", run.stderr)]
     regs = re.search(r"Used (\d+) registers", run.stderr)
     lay = opts.layout
-    allowed = HELD_OVER_CLUSTER_SPILL if dres and lay.cache_row and lay.cluster > 1 else 0
+    allowed = (HELD_OVER_CLUSTER_SPILL if dres and lay.cache_row and lay.cluster > 1
+               else 0 if lay.min_blocks else UNCAPPED_SPILL)
     assert regs and spills and max(spills) <= allowed, (
         f"layernorm_bwd N={n} {dtype} w {wdtype}{' d_residual_out' if dres else ''}: {run.stderr.strip()} "
         f"(layout {lay.tpr} x {lay.cluster}, k={lay.k}, min_blocks={lay.min_blocks})")
