@@ -182,6 +182,10 @@ def common_values(opts: Options) -> dict[str, str]:
         **_slot_values(lay),  # the column sums' slots: registers or shared memory (_slot_values)
         "OVERLAP": _bool(lay.overlap > 0),
         "OVERLAP_K": str(lay.overlap),
+        # d_residual_out's OVERLAP chunks loaded with them, before the exchange's wait, where the column
+        # sums sit in shared memory (registers free for them): the fused add's LayerNorm backward at
+        # 40960-65536 +2.7-3.4%; RMSNorm's, its sums in registers at 128 a thread, lost 1-2% (*tune-v131*).
+        "OVERLAP_DRES": _bool(lay.overlap > 0 and lay.db_smem > 0 and opts.has_dres_out),
         "BLOCK": str(lay.block),
         "ROWS": str(lay.rows),
         "TPR": str(lay.tpr),
@@ -218,7 +222,8 @@ LAYOUT_VALUES = {
     "TPR": "--tpr", "CLUSTER": "--cluster", "CLUSTER_PIECE": "--cluster", "V": "--vec", "ALIGN": "--vec",
     "W_ALIGN": "--vec", "PART_ALIGN": "--vec", "STAGE": "--stage", "STAGE_PIECE": "--stage",
     "STAGE_BLOCK_BYTES": "--stage", "L2_PREFETCH": "--l2-prefetch", "PREFETCH_PIECE": "--l2-prefetch",
-    "CACHE_ROW": "--cache-row", "OVERLAP": "--overlap", "OVERLAP_K": "--overlap", "BATCH_RELOAD": "--batch-reload",
+    "CACHE_ROW": "--cache-row", "OVERLAP": "--overlap", "OVERLAP_K": "--overlap", "OVERLAP_DRES": "--overlap",
+    "BATCH_RELOAD": "--batch-reload",
     "TWO_PASS": "--two-pass",
     "KERNEL_ATTRS": "--min-blocks", "ROWS": "", "BLOCK": "", "K": "", "KFULL": "", "NCHUNK": "", "NSUB": "",
     "WPR": "", "MULTI_WARP": "", "SHUFFLE_STEPS": "", "WARP_STEPS": "", "WPR_P2": "", "EQUAL_COUNTS": "",

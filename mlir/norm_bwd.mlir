@@ -38,7 +38,8 @@
 // HINT_LD: x and dy are read under L2 policies (pass 1 keeps what pass 2 reads again; pass 2's,
 // their last reads, evict first); HINT_ST: the dx stores evict first. OVERLAP (rows over a
 // cluster): pass 2's first OVERLAP_K chunks are loaded between posting the block's sums
-// (cluster_post) and waiting for the peers' (cluster_read).
+// (cluster_post) and waiting for the peers' (cluster_read), with OVERLAP_DRES their
+// d_residual_out too (into %gbuf).
 //
 // Placeholders: those of norm_fwd.mlir (with XT, dx's type; RT here is dresidual's; BWD_ACC for
 // FWD_ACC), plus
@@ -46,10 +47,10 @@
 // (db's sums declared in one attribution list or the other), the same DW_*, DB_SLOTS_PIECE /
 // DW_SLOTS_PIECE (the quarters' get and put, or none), SLOT_Q, SLOT_H, SLOT_BUF, SLOT_LOAD,
 // SLOT_STORE, SLOTS_DYN_PIECE and SLOT_BASES (the quarters in dynamic shared memory past the static
-// limit: their byte addresses, or none), ATOMIC_DW, PART_ALIGN,
-// L2_PREFETCH, OVERLAP, OVERLAP_K, STAGE, STAGE_BLOCK_BYTES, LATE_EXT_T_PIECE / LATE_EXT_YT_PIECE
-// (pass 2's casts of x and dy), the target's atomics (ATOMIC_SCOPE, ATOMIC_ATTRS), and its pieces
-// for the L2 prefetch (PREFETCH_PIECE) and staging (STAGE_PIECE).
+// limit: their byte addresses, or none), ATOMIC_DW, PART_ALIGN, L2_PREFETCH, OVERLAP, OVERLAP_K,
+// OVERLAP_DRES, STAGE, STAGE_BLOCK_BYTES, LATE_EXT_T_PIECE / LATE_EXT_YT_PIECE (pass 2's casts of x
+// and dy), the target's atomics (ATOMIC_SCOPE, ATOMIC_ATTRS), and its pieces for the L2 prefetch
+// (PREFETCH_PIECE) and staging (STAGE_PIECE).
 // Tensors: x, w, dy, rstd and mean (fp32 per row), dres_out (d_residual_out), dx, dres, dw_part and
 // db_part (fp32 partial rows); scalars: rows, the row strides of x, dy, dres_out, dx and dres
 // (elements), and the grid size.
@@ -79,7 +80,8 @@ gpu.module @normir [${TARGET}] {
       ${ARGS})
       workgroup(%red: memref<${NR}x${WPR}xf32, #gpu.address_space<workgroup>>${DB_IN_WORKGROUP}${DW_IN_WORKGROUP})
       private(%xbuf: memref<${K}x${V}x${T}, #gpu.address_space<private>>,
-              %dybuf: memref<${K}x${V}x${YT}, #gpu.address_space<private>>${DW_IN_PRIVATE}${DB_IN_PRIVATE})
+              %dybuf: memref<${K}x${V}x${YT}, #gpu.address_space<private>>,
+              %gbuf: memref<${K}x${V}x${T}, #gpu.address_space<private>>${DW_IN_PRIVATE}${DB_IN_PRIVATE})
       kernel attributes {known_block_size = array<i32: ${BLOCK}, 1, 1>${KERNEL_ATTRS}} {
 ${ABSENT}
     %c0 = arith.constant 0 : index
@@ -96,6 +98,7 @@ ${ABSENT}
     %cache_row = arith.constant ${CACHE_ROW}
     %overlap = arith.constant ${OVERLAP}
     %overlap_k = arith.constant ${OVERLAP_K} : index
+    %overlap_dres = arith.constant ${OVERLAP_DRES}
     %dw_regs = arith.constant ${DW_REGS}
     %atomic_dw = arith.constant ${ATOMIC_DW}
     %l2_prefetch = arith.constant ${L2_PREFETCH}
@@ -285,6 +288,14 @@ ${ABSENT}
           }
           vector.store %a, %xbuf[%k, %c0] : memref<${K}x${V}x${T}, #gpu.address_space<private>>, vector<${V}x${T}>
           vector.store %b, %dybuf[%k, %c0] : memref<${K}x${V}x${YT}, #gpu.address_space<private>>, vector<${V}x${YT}>
+          // OVERLAP_DRES: these chunks' d_residual_out too, which pass 2 would otherwise wait on.
+          %early_g = arith.andi %overlap_dres, %live : i1
+          scf.if %early_g {
+            %false = arith.constant false
+            %gv = func.call @normir_load_dres_out(%dres_out_arg, %row, %col, %rows, %dres_out_stride, %pol_first, %false)
+                : (memref<${N}x${T}>, index, index, index, index, i64, i1) -> vector<${V}x${T}>
+            vector.store %gv, %gbuf[%k, %c0] : memref<${K}x${V}x${T}, #gpu.address_space<private>>, vector<${V}x${T}>
+          }
         }
         %t = func.call @normir_cluster_read(%sums_block, %iter) : (vector<${NR}xf32>, index) -> vector<${NR}xf32>
         scf.yield %t : vector<${NR}xf32>
@@ -328,9 +339,16 @@ ${ABSENT}
         scf.if %live {
           // With HAS_DRES_OUT: dh = dx + d_residual_out (the residual stream's own gradient).
           %dh = scf.if %has_dres_out -> (vector<${V}xf32>) {
-            %false = arith.constant false
-            %gv = func.call @normir_load_dres_out(%dres_out_arg, %row, %col, %rows, %dres_out_stride, %pol_first, %false)
-                : (memref<${N}x${T}>, index, index, index, index, i64, i1) -> vector<${V}x${T}>
+            %g_held = arith.andi %overlap_dres, %early : i1
+            %gv = scf.if %g_held -> (vector<${V}x${T}>) {
+              %v = vector.load %gbuf[%k, %c0] : memref<${K}x${V}x${T}, #gpu.address_space<private>>, vector<${V}x${T}>
+              scf.yield %v : vector<${V}x${T}>
+            } else {
+              %false = arith.constant false
+              %v = func.call @normir_load_dres_out(%dres_out_arg, %row, %col, %rows, %dres_out_stride, %pol_first, %false)
+                  : (memref<${N}x${T}>, index, index, index, index, i64, i1) -> vector<${V}x${T}>
+              scf.yield %v : vector<${V}x${T}>
+            }
             %gf = ${EXT_T} %gv : vector<${V}x${T}> to vector<${V}xf32>
             %sum = arith.addf %dxf, %gf : vector<${V}xf32>
             scf.yield %sum : vector<${V}xf32>
