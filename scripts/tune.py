@@ -20,14 +20,13 @@ import os
 import sys
 
 VARIANTS = {  # (op, N, dtype): layouts to compare, as NORMIR_TPR values ("0": the policy's)
-    # v132: the policy's layouts, timed with three builds of normir (a kernel-text A/B/C: the
-    # same scripts with each build's package and AOT folder, alternating): the former text;
-    # d_residual_out's OVERLAP chunks loaded before the exchange's wait where the column sums sit
-    # in shared memory (v131); and with it, the row statistics loaded one row ahead (ncu: pass 1
-    # of the held rows at 32768 waited on the mean's load).
+    # v134: the policy's layouts, timed with two builds of normir (a kernel-text A/B: the same
+    # scripts with each build's package and AOT folder, alternating): the former text, and the
+    # backward's L2 prefetches from one lane of each 128-byte line instead of every lane (ncu: L2
+    # at 92-94% of its throughput in every backward; v133's one bulk request a row lost).
     **{(op, n, "bf16"): ("0",) for op, ns in (
-        ("ln_bwd", (2880, 7168, 16384, 32768, 65536)), ("add_ln_bwd", (4096, 16384, 32768, 65536)),
-        ("bwd", (4096, 65536)), ("add_bwd", (32768, 65536))) for n in ns},
+        ("ln_bwd", (2880, 7168, 16384, 32768, 65536)), ("add_ln_bwd", (4096, 16384, 65536)),
+        ("bwd", (4096, 65536)), ("add_bwd", (4096, 32768, 65536))) for n in ns},
 }
 KERNEL = {"fwd": "rmsnorm_fwd", "bwd": "rmsnorm_bwd", "add_fwd": "fused_add_rmsnorm_fwd",
           "add_bwd": "fused_add_rmsnorm_bwd", "ln_fwd": "layernorm_fwd", "ln_bwd": "layernorm_bwd",
