@@ -20,13 +20,15 @@ import os
 import sys
 
 VARIANTS = {  # (op, N, dtype): layouts to compare, as NORMIR_TPR values ("0": the policy's)
-    # v134: the policy's layouts, timed with two builds of normir (a kernel-text A/B: the same
-    # scripts with each build's package and AOT folder, alternating): the former text, and the
-    # backward's L2 prefetches from one lane of each 128-byte line instead of every lane (ncu: L2
-    # at 92-94% of its throughput in every backward; v133's one bulk request a row lost).
-    **{(op, n, "bf16"): ("0",) for op, ns in (
-        ("ln_bwd", (2880, 7168, 16384, 32768, 65536)), ("add_ln_bwd", (4096, 16384, 65536)),
-        ("bwd", (4096, 65536)), ("add_bwd", (4096, 32768, 65536))) for n in ns},
+    # v135: rows read again over a cluster with L1 hints on their loads (ncu: RMSNorm's fused add
+    # at 65536 hit L1 on 16% of its requests with 248 KB of L1 and a 64 KB row part a block):
+    # h18 (pass 1 and 2 loads ask L1 to keep their lines, stores evict first), h50 (and a row's
+    # last reads evict first from L1), h19 (and from L2); the policy's is h2 (stores only).
+    ("add_bwd", 65536, "bf16"): ("0", "512x4h18", "512x4h50", "512x4h19"),
+    ("add_bwd", 32768, "bf16"): ("0", "512x2h18", "512x2h50"),
+    ("bwd", 65536, "bf16"): ("0", "512x4h18", "512x4h50"),
+    ("add_ln_bwd", 65536, "bf16"): ("0", "256x8h18", "256x8h50"),
+    ("ln_bwd", 65536, "bf16"): ("0", "256x8h18", "256x8h50"),
 }
 KERNEL = {"fwd": "rmsnorm_fwd", "bwd": "rmsnorm_bwd", "add_fwd": "fused_add_rmsnorm_fwd",
           "add_bwd": "fused_add_rmsnorm_bwd", "ln_fwd": "layernorm_fwd", "ln_bwd": "layernorm_bwd",
