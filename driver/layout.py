@@ -237,8 +237,8 @@ def decide(opts: Options, tgt: targets.Target, spec: KernelSpec) -> Layout:
     if lay.prefetch_w and lay.min_blocks > 1 and lay.k * lay.vec * (held_bytes(work, opts) + w_bytes) \
             > tgt.reg_budget_bytes(lay.block * lay.min_blocks):
         lay = replace(lay, prefetch_w=False)  # the weight's registers must fit the cap too
-    lay = _overlap(opts, lay, persistent)
     lay = _db_smem(opts, lay, tgt, work, persistent)
+    lay = _overlap(opts, lay, persistent)  # after db_smem: both sums in shared memory free registers for it
     lay = _cast_words(opts, tgt, work, lay, persistent)
     lay = _two_pass(opts, tgt, work, lay, persistent)
     if lay.tpr > lay.nchunk:  # the policy's own layouts; forced ones are refused in _forced
@@ -329,7 +329,10 @@ def _overlap(opts: Options, lay: Layout, persistent: bool) -> Layout:
     (*tune-v19*, *-v20*) that gained 7.4% at N=32768 and 6.7% at 65536 (bf16); 1 of 4 gained
     4.6-4.8%; 3 and 4 of 4 spilled (128 registers) and gained less or lost. 1024-thread blocks (64
     registers) spill with it (N=65536 in f32). Without a weight (no dw sums) all 4 fit: +10% at
-    32768 and +21% at 65536 (*tune-v27*)."""
+    32768 and +21% at 65536 (*tune-v27*). With both column sums in shared memory (LayerNorm's rows
+    of 4 chunks over a cluster, db_smem 3) all 4 gained 3% at 65536 (3290-3319 against 3180-3223)
+    and tied at 49152 (6 warps); beside d_residual_out 3 gained 1-2% (65536, 49152; *tune-v136*),
+    not taken: 3 spilled in RMSNorm's fused add with a bias."""
     if isinstance(opts.overlap, bool) or not isinstance(opts.overlap, int) or not -1 <= opts.overlap <= lay.k:
         raise ValueError(f"overlap={opts.overlap!r}: choose -1 (the policy's), 0 (none) or a chunk count up to "
                          f"K={lay.k}")
@@ -337,7 +340,15 @@ def _overlap(opts: Options, lay: Layout, persistent: bool) -> Layout:
     if opts.overlap > 0 and not overlappable:
         raise ValueError(f"overlap={opts.overlap} needs a persistent kernel (a backward) with rows split over a "
                          f"cluster (here {lay.cluster} block(s)), sums in registers, no staging; use -1 or 0")
-    policy = (2 if opts.has_weight else lay.k) if overlappable and lay.k == 4 and lay.block <= MAX_THREADS // 2 else 0
+    # Both column sums in shared memory (db_smem 3) leave the registers for all 4 chunks, in whole
+    # powers of two of warps without d_residual_out (ptxas: 5 warps spilled 16 bytes at the cap; 3
+    # chunks beside d_residual_out's early ones spilled 8-24 bytes in RMSNorm's fused add with a
+    # bias). db's alone there beside d_residual_out: none (2 spilled 8 bytes at _db_smem's cap).
+    pow2_warps = lay.wpr & (lay.wpr - 1) == 0
+    all_k = lay.db_smem == 3 and pow2_warps and not opts.has_dres_out
+    with_sums = lay.k if all_k else 0 if lay.db_smem == 1 and opts.has_dres_out else 2
+    policy = (with_sums if opts.has_weight else lay.k) if overlappable and lay.k == 4 and lay.block <= MAX_THREADS // 2 \
+        else 0
     return replace(lay, overlap=policy if opts.overlap == -1 else opts.overlap)
 
 
@@ -483,8 +494,6 @@ def _db_smem(opts: Options, lay: Layout, tgt: targets.Target, work: RowWork, per
         policy = opts.hints == -1 and _hintable(opts, tgt, work, lay)
         lay = replace(lay, cache_row=held, hints=_hint_policy(replace(lay, cache_row=held), True, opts.has_weight)
                       if policy else lay.hints)
-    if wide_k and db_smem == 1 and opts.has_dres_out and opts.overlap == -1:
-        lay = replace(lay, overlap=0)  # the fused add's pass 2 loaded early spilled 8 bytes at the cap
     return replace(lay, db_smem=db_smem, min_blocks=lay.min_blocks or blocks)
 
 

@@ -20,15 +20,10 @@ import os
 import sys
 
 VARIANTS = {  # (op, N, dtype): layouts to compare, as NORMIR_TPR values ("0": the policy's)
-    # v135: rows read again over a cluster with L1 hints on their loads (ncu: RMSNorm's fused add
-    # at 65536 hit L1 on 16% of its requests with 248 KB of L1 and a 64 KB row part a block):
-    # h18 (pass 1 and 2 loads ask L1 to keep their lines, stores evict first), h50 (and a row's
-    # last reads evict first from L1), h19 (and from L2); the policy's is h2 (stores only).
-    ("add_bwd", 65536, "bf16"): ("0", "512x4h18", "512x4h50", "512x4h19"),
-    ("add_bwd", 32768, "bf16"): ("0", "512x2h18", "512x2h50"),
-    ("bwd", 65536, "bf16"): ("0", "512x4h18", "512x4h50"),
-    ("add_ln_bwd", 65536, "bf16"): ("0", "256x8h18", "256x8h50"),
-    ("ln_bwd", 65536, "bf16"): ("0", "256x8h18", "256x8h50"),
+    # v137: the policy's rows of 4 chunks over a cluster with both sums in shared memory in whole
+    # powers of two of warps, now all 4 of pass 2's chunks inside the exchange (v136), against
+    # the former 2 (o2).
+    ("ln_bwd", 65536, "bf16"): ("0", "256x8o2"),
 }
 KERNEL = {"fwd": "rmsnorm_fwd", "bwd": "rmsnorm_bwd", "add_fwd": "fused_add_rmsnorm_fwd",
           "add_bwd": "fused_add_rmsnorm_bwd", "ln_fwd": "layernorm_fwd", "ln_bwd": "layernorm_bwd",
