@@ -293,8 +293,9 @@ LN_BIT_N = (1024, 65536)
 # over a 4-block cluster; 512: its backward in blocks of 8 rows under a register cap
 # (layout._rows_cap); 3456, 4608, 7424, 12288: its backward's rows read again in one block (3456,
 # 4608: layout._one_block) and over clusters of 2 and 4 blocks, a masked chunk at 3456 and 7424,
-# 6 warps at 12288, both sums in shared memory.
-LN_FUSED_N = (*FUSED_N, 512, 1280, 2560, 3456, 4096, 4608, 6144, 7168, 7424, 12288, 32768)
+# 6 warps at 12288, both sums in shared memory; 40960: its backward over 8 blocks of 5 warps, 4
+# chunks a thread, d_residual_out's early chunks loaded inside the exchange (OVERLAP_DRES).
+LN_FUSED_N = (*FUSED_N, 512, 1280, 2560, 3456, 4096, 4608, 6144, 7168, 7424, 12288, 32768, 40960)
 # Beside the shared N set: LayerNorm's own backward read again over 2 blocks of 8 warps with a
 # masked chunk (7680), and in one block of 2 chunks a thread, read again, both sums in shared
 # memory (layout._one_block): 5 and 7 warps with a masked chunk (2112, 3520), 6, 9 and 12 warps
