@@ -344,9 +344,12 @@ def _overlap(opts: Options, lay: Layout, persistent: bool) -> Layout:
     # powers of two of warps without d_residual_out (ptxas: 5 warps spilled 16 bytes at the cap; 3
     # chunks beside d_residual_out's early ones spilled 8-24 bytes in RMSNorm's fused add with a
     # bias). db's alone there beside d_residual_out: none (2 spilled 8 bytes at _db_smem's cap).
-    pow2_warps = lay.wpr & (lay.wpr - 1) == 0
-    all_k = lay.db_smem == 3 and pow2_warps and not opts.has_dres_out
-    with_sums = lay.k if all_k else 0 if lay.db_smem == 1 and opts.has_dres_out else 2
+    if lay.db_smem == 3 and lay.wpr & (lay.wpr - 1) == 0 and not opts.has_dres_out:
+        with_sums = lay.k
+    elif lay.db_smem == 1 and opts.has_dres_out:
+        with_sums = 0
+    else:
+        with_sums = 2
     policy = (with_sums if opts.has_weight else lay.k) if overlappable and lay.k == 4 and lay.block <= MAX_THREADS // 2 \
         else 0
     return replace(lay, overlap=policy if opts.overlap == -1 else opts.overlap)
