@@ -783,13 +783,23 @@ def _even_bwd(opts: Options, tgt: targets.Target, work: RowWork, lay: Layout) ->
       against 3780-3818, 1664 (81%) as 416 x 1 3799-3815 against 3772-3812. Fuller ones tied or
       lost: 1408 (92%) as 352 x 1 3808-3849 against 3757-3828, 1920 (94%) as 480 x 1 3657-3683
       against 3845-3868. The same shape lost for RMSNorm's own backward (1152: 3609 against
-      3847), and 4-byte chunks lost at 576 (288 x 1: 2934-2940 against 3231-3269)."""
-    if not (tgt.is_nvidia and lay.cluster == 1 and lay.rows == 1 and not _full(lay) and lay.nchunk <= 256):
+      3847), and 4-byte chunks lost at 576 (288 x 1: 2934-2940 against 3231-3269).
+
+    The same fused add's rows take one chunk a thread where 2 fill them, too (*tune-v138*-v140,
+    two placements in v140): 1024 as 128 x 1 3922-3944 against 3882-3889, 1536 as 192 x 1
+    3893-3953 against 3798-3849, 2048 as 256 x 1 3991-4008 against 3924-3970, f32 1024 as 256 x 1
+    4031-4083 against 3855-3859. Not for the other backwards (v139, bf16): RMSNorm's own lost at
+    2048 (3908 against 3981-3983) and 4096, LayerNorm's at 1024 and 2048 (3686-3744 against
+    3748-3830), its fused add's at 2048; nor for the fused add's streamed rows (4096: 3942-3968
+    against 3986-3995; 8192 as 1024 x 1 a tie)."""
+    one_sum_dres = opts.has_dres_out and col_sums(work, opts) == 1
+    if not (tgt.is_nvidia and lay.cluster == 1 and lay.rows == 1 and (one_sum_dres or not _full(lay))
+            and lay.nchunk <= 256):
         return lay
     if lay.nchunk % lay.warp == 0:
         return _bwd_block_layout(opts.n, lay.vec, tgt, work, opts, lay.nchunk)
     half = lay.vec // 2
-    if opts.has_dres_out and col_sums(work, opts) == 1 and lay.nchunk <= BWD_HALF_MAX_FILL * lay.tpr * lay.k \
+    if one_sum_dres and lay.nchunk <= BWD_HALF_MAX_FILL * lay.tpr * lay.k \
             and DTYPES[opts.dtype] == 2 and half and opts.n % (half * lay.warp) == 0 and opts.n // half <= MAX_THREADS:
         return _bwd_block_layout(opts.n, half, tgt, work, opts, opts.n // half)
     if col_sums(work, opts) > 1 and lay.nchunk <= BWD_NARROW_MAX_FILL * lay.tpr * lay.k:

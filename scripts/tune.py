@@ -20,10 +20,10 @@ import os
 import sys
 
 VARIANTS = {  # (op, N, dtype): layouts to compare, as NORMIR_TPR values ("0": the policy's)
-    # v137: the policy's rows of 4 chunks over a cluster with both sums in shared memory in whole
-    # powers of two of warps, now all 4 of pass 2's chunks inside the exchange (v136), against
-    # the former 2 (o2).
-    ("ln_bwd", 65536, "bf16"): ("0", "256x8o2"),
+    # v141: the fused add's RMSNorm backward, short full rows at one chunk a thread (the policy's
+    # now, v140) against the former 2 a thread, at three placements.
+    ("add_bwd", 1024, "bf16"): ("0", "64"),
+    ("add_bwd", 2048, "bf16"): ("0", "128"),
 }
 KERNEL = {"fwd": "rmsnorm_fwd", "bwd": "rmsnorm_bwd", "add_fwd": "fused_add_rmsnorm_fwd",
           "add_bwd": "fused_add_rmsnorm_bwd", "ln_fwd": "layernorm_fwd", "ln_bwd": "layernorm_bwd",

@@ -102,9 +102,10 @@ FUSED_COMBOS = (
     ("bf16", "bf16", None, "bf16", None, None, 0.0),  # a bias without a weight: db's sums alone
 )
 # 100: narrow vectors; 768, 1152, 1600: the backward's rows split evenly (one chunk a thread;
-# with dw's and db's sums 8- and 4-byte chunks); 2880: a masked tail; 8192: a multi-warp row;
-# 65536: clusters, the re-reading path with two fp32 row tensors, the column sums in memory.
-FUSED_N = (100, 768, 1152, 1600, 2880, 8192, 65536)
+# with dw's and db's sums 8- and 4-byte chunks); 1536: full rows at one chunk a thread (with
+# d_residual_out; 1024 and 2048 in FWD_N); 2880: a masked tail; 8192: a multi-warp row; 65536:
+# clusters, the re-reading path with two fp32 row tensors, the column sums in memory.
+FUSED_N = (100, 768, 1152, 1536, 1600, 2880, 8192, 65536)
 # scripts/sanitize.py: (N, x's dtype) with two combinations: the residual in x's type, and an fp32
 # residual with a bias and a weight offset (dx and dresidual both written, db summed).
 SANITIZE_FUSED = ((100, "bf16"), (1152, "bf16"), (2880, "bf16"), (4096, "f16"), (16384, "bf16"), (65536, "bf16"),

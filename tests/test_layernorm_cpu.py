@@ -353,6 +353,24 @@ def test_fused_add_backward_rows_take_half_width_chunks_where_the_slots_fill_lit
     assert lay(1664, bdtype="bf16").vec == 8
 
 
+def test_fused_add_backward_short_full_rows_take_one_chunk_a_thread():
+    # RMSNorm's fused add (one column sum, d_residual_out read): rows of at most 256 chunks that 2
+    # a thread fill take one (1024 as 128 x 1, 1536 as 192, 2048 as 256; f32's 1024 as 256 of 4
+    # elements); not without d_residual_out, not with a bias (two sums), not the other backwards,
+    # not on gfx950 (not measured), not rows past 256 chunks (4096, streamed) or of several rows a
+    # block (512).
+    def lay(n, kernel="fused_add_rmsnorm_bwd", **kw):
+        return Options(kernel=kernel, n=n, **{"has_dres_out": True, **kw}).layout
+
+    assert [(lay(n).tpr, lay(n).k, lay(n).cache_row) for n in (1024, 1536, 2048)] == [(128, 1, True), (192, 1, True),
+                                                                                      (256, 1, True)]
+    assert (lay(1024, dtype="f32").tpr, lay(1024, dtype="f32").vec, lay(1024, dtype="f32").k) == (256, 4, 1)
+    for n, kw in ((2048, dict(has_dres_out=False)), (2048, dict(bdtype="bf16")), (2048, dict(target="gfx950")),
+                  (2048, dict(kernel="layernorm_bwd", bdtype="f32")), (4096, {}), (512, {})):
+        assert lay(n, **kw).k == 2, (n, kw)
+    assert Options(kernel="rmsnorm_bwd", n=2048).layout.k == 2
+
+
 def test_fused_layernorm_backward_over_6_or_7_warps_goes_to_4_blocks_of_4():
     # The fused add's LayerNorm backward over 2 blocks of 6 or 7 warps (5632-7168) without a weight
     # (layout._pow2_warps): 4 blocks of 4 warps, held, both sums' slots in shared memory, capped for
