@@ -137,7 +137,8 @@ NORM_BWD = Template("norm_bwd.mlir", (
     X, W, Arg("dy", "in", "YT"), RSTD_IN, MEAN_IN, Arg("dres_out", "in", "T"), Arg("dx", "out", "XT"),
     Arg("dres", "out", "RT"), Arg("dw_part", "inout", "f32"), Arg("db_part", "inout", "f32"),
     *index("rows", "x_stride", "dy_stride", "dres_out_stride", "dx_stride", "dres_stride", "grid")))
-COL_SUM = Template("col_sum.mlir", (Arg("part", "in", "f32"), Arg("out", "out", "WT"), *index("parts")))
+COL_SUM = Template("col_sum.mlir", (Arg("part", "in", "f32"), Arg("out", "out", "WT"), Arg("db", "out", "BT"),
+                                     *index("parts")))
 
 
 def args(t: Template, *names: str) -> tuple[Arg, ...]:
@@ -201,10 +202,11 @@ KERNELS: dict[str, KernelSpec] = {
             work=RowWork(reads=("T", "YT"), writes=("XT", "RT"), col_sums=1, bias_sums=True, sums=LAYER.bwd_sums),
         ),
         KernelSpec(
-            # Fixed-order column sums of fp32 partial rows (dw, db), cast to the weight's type. Its
-            # dtype is the partials' (f32), wdtype the output's.
+            # Fixed-order column sums of fp32 partial rows, cast to the output's type. Its dtype is
+            # the partials' (f32), wdtype the output's; with a bias (bdtype: db's type) it sums dw's
+            # and db's partial rows in one launch.
             name="rmsnorm_dw_reduce", template=COL_SUM, entry="rmsnorm_dw_reduce",
-            args=COL_SUM.args, grid="cols", work=None,
+            args=COL_SUM.args, grid="cols", work=None, features=frozenset({"bias"}),
         ),
     )
 }

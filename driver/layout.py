@@ -24,6 +24,7 @@ DTYPES = {"bf16": 2, "f16": 2, "f32": 4}  # MLIR element type -> bytes
 MAX_VECTOR_BYTES = 16
 MAX_THREADS = 1024
 REDUCE_CT, REDUCE_RT = 8, 32  # the column sums: 8 column threads x 32 row threads
+REDUCE_RT_SHORT, REDUCE_SHORT_CHUNKS = 128, 512  # 128 row threads for rows of at most 512 fp32 chunks
 BWD_OVERHEAD_REGS = 36  # six pointers, three strides and the persistent loop's state
 ROWS_BLOCK = 256  # block size when several rows share a block
 AMD_1024_ROW_ELEMENTS = 64  # row elements a thread of a 1024-thread AMDGPU block may hold
@@ -965,9 +966,15 @@ def _hint_policy(lay: Layout, persistent: bool, has_weight: bool) -> int:
 
 
 def reduce_layout(n: int, vec: int, warp: int) -> Layout:
-    """The column sums: 8 column threads (16-byte fp32 vectors) x 32 row threads."""
-    return Layout(vec=vec, tpr=REDUCE_CT, rows=REDUCE_RT, k=1, kfull=1, nchunk=n // vec,
-                  cache_row=False, warp=warp)
+    """The column sums: 8 column threads (16-byte fp32 vectors) x 32 row threads, or 128 row
+    threads for short rows (at most 512 chunks: N <= 2048), whose backwards leave many partial rows
+    (one a resident block: 660-1584) over few column blocks (32 at 1024). On the H200 (bf16, the
+    sums' kernel time, `docs/results/2026-12-03-h200.md` run h): 1024 5.2 -> 4.1 us (RMSNorm's),
+    4.8 -> 3.9 (LayerNorm's dw and db), 6.5 -> 4.5 (its fused add's); 2048 a tie to -0.7 us. Past
+    it the few partial rows (30-400) leave 128 row threads idle (run g: 65536 4.1 -> 13.9 us)."""
+    nchunk = n // vec
+    rows = REDUCE_RT_SHORT if nchunk <= REDUCE_SHORT_CHUNKS else REDUCE_RT
+    return Layout(vec=vec, tpr=REDUCE_CT, rows=rows, k=1, kfull=1, nchunk=nchunk, cache_row=False, warp=warp)
 
 
 # ---------------------------------------------------------------------------- one-pass kernels

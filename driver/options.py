@@ -155,7 +155,7 @@ class Options:
         for name, default in (("odtype", self.dtype), ("xdtype", self.dtype), ("sdtype", self.rdtype)):
             if getattr(self, name) == default:
                 object.__setattr__(self, name, "")
-        if self.bdtype and not forward:
+        if self.bdtype and spec.grid == "persistent":
             object.__setattr__(self, "bdtype", "f32")  # the backward reads no bias: it sums db in fp32
         offset = float(self.weight_offset)
         if not math.isfinite(f32(offset)):

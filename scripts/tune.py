@@ -98,15 +98,12 @@ def _ln_plan(op: str, n: int, dt: str, vec: int, knobs: dict) -> list[dict]:
                 {**fwd, **knobs, "store_rstd": False, "has_weight": False, "bdtype": ""}]
     bwd = dict(kernel="layernorm_bwd", n=n, dtype=dt, wdtype=dt, eps=BWD_KEY_EPS, target="sm_90", vec=vec,
                bdtype="f32", **knobs)
+    sums = dict(kernel="rmsnorm_dw_reduce", n=n, dtype="f32", wdtype=dt, eps=BWD_KEY_EPS, target="sm_90",
+                vec=max_vec(n, 4))  # dw's and db's column sums in one launch, or dw's alone
     if op == "add_ln_bwd":  # d_residual_out read; the forward stores residual_out and the statistics
-        return [{**bwd, "has_dres_out": True},
-                dict(kernel="rmsnorm_dw_reduce", n=n, dtype="f32", wdtype=dt, eps=BWD_KEY_EPS, target="sm_90",
-                     vec=max_vec(n, 4)),
+        return [{**bwd, "has_dres_out": True}, {**sums, "bdtype": dt},
                 {**fwd, "rdtype": dt, "sdtype": dt, "store_residual": True, "store_rstd": True}]
-    return [bwd, {**bwd, "has_weight": False, "bdtype": ""},
-            dict(kernel="rmsnorm_dw_reduce", n=n, dtype="f32", wdtype=dt, eps=BWD_KEY_EPS, target="sm_90",
-                 vec=max_vec(n, 4)),
-            {**fwd, "store_rstd": True}]
+    return [bwd, {**bwd, "has_weight": False, "bdtype": ""}, {**sums, "bdtype": dt}, {**fwd, "store_rstd": True}]
 
 
 def _outputs(normir, op: str, x, w, dy, bias) -> tuple:

@@ -162,10 +162,10 @@ def fused_bwd(n, x, r=None, w="", b=None, s=None, o=None, offset=0.0, *, dres_ou
                 has_weight=w is not None, store_rstd=False, vec=vec, atomic_dw=atomic,
                 rdtype=r if r and r != x else "", odtype=o or x, xdtype=x, bdtype="f32" if b else "",
                 has_dres_out=bool(r) and dres_out, weight_offset=offset)]
-    for t in ((w or x) if w is not None else None, b):
-        if t and not atomic:
-            out.append(dict(kernel="rmsnorm_dw_reduce", n=n, dtype="f32", wdtype=t, eps=BWD_KEY_EPS, target="sm_90",
-                            has_weight=True, store_rstd=False, vec=max_vec(n, 4)))
+    sums = [t for t in ((w or x) if w is not None else None, b) if t]  # dw's type, db's (one launch)
+    if sums and not atomic:
+        out.append(dict(kernel="rmsnorm_dw_reduce", n=n, dtype="f32", wdtype=sums[0], eps=BWD_KEY_EPS, target="sm_90",
+                        has_weight=True, store_rstd=False, vec=max_vec(n, 4), bdtype=sums[1] if len(sums) > 1 else ""))
     return out
 
 

@@ -695,6 +695,23 @@ def test_reduce_layout():
     lay = o.layout
     assert (lay.vec, lay.tpr, lay.rows, lay.block) == (4, S.REDUCE_CT, S.REDUCE_RT, S.REDUCE_CT * S.REDUCE_RT)
     assert lay.nchunk * lay.vec == 4096
+    # Short rows (at most 512 fp32 chunks) leave many partial rows over few column blocks: 128 row
+    # threads there.
+    short = Options(kernel="rmsnorm_dw_reduce", n=2048, dtype="f32").layout
+    assert (short.tpr, short.rows) == (S.REDUCE_CT, S.REDUCE_RT_SHORT)
+    assert Options(kernel="rmsnorm_dw_reduce", n=2052, dtype="f32").layout.rows == S.REDUCE_RT
+
+
+def test_reduce_sums_dw_and_db_in_one_kernel():
+    # With a bias type (db's), the column sums take both outputs: db keeps its own type (the
+    # backward's bdtype is f32, its partial sums'; the reduction's is db's output type).
+    both = Options(kernel="rmsnorm_dw_reduce", n=1024, dtype="f32", wdtype="bf16", bdtype="f16")
+    assert both.bdtype == "f16"
+    text = SP.specialize(both)
+    assert "%has_bias = arith.constant true" in text and "vector<4xf16>" in text and "vector<4xbf16>" in text
+    one = SP.specialize(Options(kernel="rmsnorm_dw_reduce", n=1024, dtype="f32", wdtype="bf16"))
+    assert "%has_bias = arith.constant false" in one
+    assert Options(kernel="layernorm_bwd", n=1024, bdtype="bf16").bdtype == "f32"
 
 
 # ---------------------------------------------------------------------------- specialize

@@ -236,14 +236,19 @@ def _bwd_launch(p: R.Plan, dev: int, m: int, n: int, atomic: bool, ptrs: tuple[i
     """Launch a backward kernel and the column sums of dw and db. ptrs: x, w, dy, rstd, [mean],
     dres_out, dx, dres; strides: x's, dy's and dres_out's rows."""
     parts = p.clusters(m) * p.layout.rows if not atomic else 1
-    dw_part, db_part = ((_partials(parts, n, dev, atomic) if t is not None else None) for t in (dw, db))
+    # dw's partial rows, then db's, in one buffer: one launch of the column sums adds both.
+    outs = [t for t in (dw, db) if t is not None]
+    part = _partials(len(outs) * parts, n, dev, atomic) if outs else None
+    dw_part = part if dw is not None else None
+    db_part = (part[parts:] if dw is not None else part) if db is not None else None
     # Positional, in the order of NORM_BWD's arguments (x, w, dy, rstd, [mean], dres_out, dx, dres,
     # dw_part, db_part, rows, x_stride, dy_stride, dres_out_stride, dx_stride, dres_stride).
     R.launch(dev, p.handle, p.grid(m), *ptrs, dw_part.data_ptr() if dw_part is not None else 0,
              db_part.data_ptr() if db_part is not None else 0, m, *strides, n, n)
-    for part, out in ((dw_part, dw), (db_part, db)):
-        if part is not None:
-            R.column_sums(dev, n, out.dtype).launch(dev, part.data_ptr(), out.data_ptr(), parts)
+    if part is not None:
+        second = outs[1] if len(outs) == 2 else None
+        R.column_sums(dev, n, outs[0].dtype, second.dtype if second is not None else None).launch(
+            dev, part.data_ptr(), outs[0].data_ptr(), parts, second.data_ptr() if second is not None else 0)
 
 
 def _partials(parts: int, n: int, dev: int, atomic: bool) -> torch.Tensor:

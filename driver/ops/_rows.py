@@ -225,27 +225,31 @@ def plan(kernel: str, dev: int, n: int, dtype: str, wdtype: str, eps: float, has
 @dataclass(frozen=True)
 class ColumnSums:
     """The fixed-order column sums out[j] = sum_p part[p, j] (bit-identical from run to run), cast
-    to out's dtype: a loaded kernel and its grid, for one N and output dtype."""
+    to out's dtype, and with a second output (db) the next parts rows' sums into it, in the same
+    launch: a loaded kernel and its grid, for one N and output dtype(s)."""
 
     handle: LaunchHandle
     grid: int
 
-    def launch(self, dev: int, part: int, out: int, parts: int) -> None:
-        """part: the (parts, N) fp32 partial rows' pointer; out: the (N,) output's."""
-        # Positional, in the order of KERNELS["rmsnorm_dw_reduce"].args (part, out, parts).
-        launch(dev, self.handle, self.grid, part, out, parts)
+    def launch(self, dev: int, part: int, out: int, parts: int, db: int = 0) -> None:
+        """part: the (parts, N) fp32 partial rows' pointer, or (2, parts, N) with db; out: the (N,)
+        output's; db: the second (N,) output's (0: none)."""
+        # Positional, in the order of KERNELS["rmsnorm_dw_reduce"].args (part, out, db, parts).
+        launch(dev, self.handle, self.grid, part, out, db, parts)
 
 
 _sums: dict[tuple, ColumnSums] = L.derived_cache({})
 
 
-def column_sums(dev: int, n: int, out_dtype: torch.dtype) -> ColumnSums:
-    key = (dev, n, out_dtype)
+def column_sums(dev: int, n: int, out_dtype: torch.dtype, db_dtype: torch.dtype | None = None) -> ColumnSums:
+    """The column sums' kernel for one output of out_dtype, or two (dw, then db of db_dtype)."""
+    key = (dev, n, out_dtype, db_dtype)
     c = _sums.get(key)
     if c is None:
+        extra = (("bdtype", L.TORCH_DTYPES[db_dtype]),) if db_dtype is not None else ()
         p = plan("rmsnorm_dw_reduce", dev, n, "f32", L.TORCH_DTYPES[out_dtype], BWD_KEY_EPS, True, False,
-                 L.vector_width(n, 4, (), ()))
-        c = _sums[key] = ColumnSums(p.handle, -(-p.layout.nchunk // p.layout.tpr))
+                 L.vector_width(n, 4, (), ()), extra=extra)
+        c = _sums[key] = ColumnSums(p.handle, -(-p.layout.nchunk // p.layout.tpr) * (2 if extra else 1))
     return c
 
 
