@@ -116,6 +116,17 @@ class Inputs:
     b: torch.Tensor | None = None
 
 
+def inputs(m: int, n: int, dtype: torch.dtype, *, add: bool = True, ln: bool = True,
+           device: str = "cuda") -> Inputs:
+    """Fresh random inputs for one shape: the residual and d_residual_out where an op adds one
+    (add), the bias where an op is LayerNorm's (ln)."""
+    def rows() -> torch.Tensor:
+        return torch.randn(m, n, device=device, dtype=dtype)
+
+    return Inputs(x=rows(), residual=rows() if add else None, w=torch.randn(n, device=device, dtype=dtype), dy=rows(),
+                  dh=rows() if add else None, b=torch.randn(n, device=device, dtype=dtype) if ln else None)
+
+
 Fn = Callable[[torch.Tensor, torch.Tensor, float], Any]  # (x, w, eps) -> y
 AddFn = Callable[[torch.Tensor, torch.Tensor, torch.Tensor, float], Any]  # (x, residual, w, eps) -> (y, h)
 LnFn = Callable[[torch.Tensor, torch.Tensor, torch.Tensor, float], Any]  # (x, w, b, eps) -> y
@@ -544,13 +555,7 @@ def measure_shape(providers: list[Provider], ops: list[str], m: int, n: int,
 
 def _measure_shape(providers: list[Provider], ops: list[str], m: int, n: int,
                    dtype: torch.dtype, rounds: int) -> dict[str, dict[str, Any]]:
-    def rows() -> torch.Tensor:
-        return torch.randn(m, n, device="cuda", dtype=dtype)
-
-    add = any(op.startswith("add_") for op in ops)
-    ln = any(is_layernorm(op) for op in ops)
-    t = Inputs(x=rows(), residual=rows() if add else None, w=torch.randn(n, device="cuda", dtype=dtype), dy=rows(),
-               dh=rows() if add else None, b=torch.randn(n, device="cuda", dtype=dtype) if ln else None)
+    t = inputs(m, n, dtype, add=any(op.startswith("add_") for op in ops), ln=any(is_layernorm(op) for op in ops))
     out = {}
     for op in ops:
         nbytes = BYTES_PER_ELEM[op] * m * n * t.x.element_size()

@@ -21,11 +21,7 @@ if len(sys.argv) != 3:
 provs = {p.name: p for p in bench.load_normir()}
 for op in sys.argv[1].split(","):
     for n in [int(v) for v in sys.argv[2].split(",")]:
-        def rows(n=n):
-            return torch.randn((1 << 27) // n, n, device="cuda").to(torch.bfloat16)
-
-        t = bench.Inputs(x=rows(), residual=rows(), w=torch.randn(n, device="cuda").to(torch.bfloat16), dy=rows(),
-                         dh=rows(), b=torch.randn(n, device="cuda").to(torch.bfloat16))
+        t = bench.inputs((1 << 27) // n, n, torch.bfloat16)
         call = provs["normir"].ops[op](t)
         for _ in range(5):
             call()

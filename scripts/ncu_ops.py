@@ -18,11 +18,7 @@ if op not in bench.OPS or not ns:
     sys.exit(f"usage: ncu_ops.py OP N [N ...] with OP one of {', '.join(bench.OPS)}")
 provs = {p.name: p for p in bench.load_normir() + bench.load_compile()}
 for n in ns:
-    def rows(n=n):
-        return torch.randn((1 << 27) // n, n, device="cuda").to(torch.bfloat16)
-
-    t = bench.Inputs(x=rows(), residual=rows(), w=torch.randn(n, device="cuda").to(torch.bfloat16), dy=rows(),
-                     dh=rows(), b=torch.randn(n, device="cuda").to(torch.bfloat16))
+    t = bench.inputs((1 << 27) // n, n, torch.bfloat16)
     calls = {name: provs[name].ops[op](t) for name in ("normir", "compile")}
     for call in calls.values():
         for _ in range(3):

@@ -242,3 +242,10 @@ def test_the_autograd_forward_records_a_graph():
     t = bench.Inputs(x=torch.randn(2, 8), residual=None, w=torch.randn(8), dy=None, dh=None)
     y = bench.autograd_forward(lambda x, w, eps: x * w)(t)()
     assert y.requires_grad and y.grad_fn is not None and not t.x.requires_grad  # on leaves, not the inputs
+
+
+def test_inputs_hold_what_the_ops_read():
+    t = bench.inputs(3, 8, torch.float32, add=False, ln=False, device="cpu")
+    assert t.x.shape == t.dy.shape == (3, 8) and t.w.shape == (8,) and t.residual is t.dh is t.b is None
+    t = bench.inputs(3, 8, torch.bfloat16, device="cpu")
+    assert t.residual.shape == t.dh.shape == (3, 8) and t.b.dtype == torch.bfloat16
