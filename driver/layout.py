@@ -25,6 +25,7 @@ MAX_VECTOR_BYTES = 16
 MAX_THREADS = 1024
 REDUCE_CT, REDUCE_RT = 8, 32  # the column sums: 8 column threads x 32 row threads
 REDUCE_RT_SHORT, REDUCE_SHORT_CHUNKS = 128, 512  # 128 row threads for rows of at most 512 fp32 chunks
+REDUCE_CT_LONG, REDUCE_RT_LONG, REDUCE_LONG_CHUNKS = 32, 8, 8192  # 32 x 8 from 8192 fp32 chunks
 BWD_OVERHEAD_REGS = 36  # six pointers, three strides and the persistent loop's state
 ROWS_BLOCK = 256  # block size when several rows share a block
 AMD_1024_ROW_ELEMENTS = 64  # row elements a thread of a 1024-thread AMDGPU block may hold
@@ -971,10 +972,16 @@ def reduce_layout(n: int, vec: int, warp: int) -> Layout:
     (one a resident block: 660-1584) over few column blocks (32 at 1024). On the H200 (bf16, the
     sums' kernel time, `docs/results/2026-12-03-h200.md` run h): 1024 5.2 -> 4.1 us (RMSNorm's),
     4.8 -> 3.9 (LayerNorm's dw and db), 6.5 -> 4.5 (its fused add's); 2048 a tie to -0.7 us. Past
-    it the few partial rows (30-400) leave 128 row threads idle (run g: 65536 4.1 -> 13.9 us)."""
+    it the few partial rows (30-400) leave 128 row threads idle (run g: 65536 4.1 -> 13.9 us).
+    Long rows (at least 8192 chunks: N >= 32768) leave the fewest partial rows (30-50) over the
+    most columns: 32 column threads x 8 row threads there (run j: LayerNorm's two sums at 65536
+    9.0 -> 4.0 us, 32768 5.2 -> 4.2; RMSNorm's dw at 65536 5.0 -> 2.6; lost at 8192-16384)."""
     nchunk = n // vec
-    rows = REDUCE_RT_SHORT if nchunk <= REDUCE_SHORT_CHUNKS else REDUCE_RT
-    return Layout(vec=vec, tpr=REDUCE_CT, rows=rows, k=1, kfull=1, nchunk=nchunk, cache_row=False, warp=warp)
+    if nchunk >= REDUCE_LONG_CHUNKS:
+        cols, rows = REDUCE_CT_LONG, REDUCE_RT_LONG
+    else:
+        cols, rows = REDUCE_CT, REDUCE_RT_SHORT if nchunk <= REDUCE_SHORT_CHUNKS else REDUCE_RT
+    return Layout(vec=vec, tpr=cols, rows=rows, k=1, kfull=1, nchunk=nchunk, cache_row=False, warp=warp)
 
 
 # ---------------------------------------------------------------------------- one-pass kernels

@@ -20,10 +20,13 @@ import os
 import sys
 
 VARIANTS = {  # (op, N, dtype): layouts to compare, as NORMIR_TPR values ("0": the policy's)
-    # v141: the fused add's RMSNorm backward, short full rows at one chunk a thread (the policy's
-    # now, v140) against the former 2 a thread, at three placements.
-    ("add_bwd", 1024, "bf16"): ("0", "64"),
-    ("add_bwd", 2048, "bf16"): ("0", "128"),
+    # v142: LayerNorm's backwards at 16384-65536 staged through shared memory in 1024 threads of 2
+    # chunks (RMSNorm's 16384 layout; ptxas: 50-64 registers, none spilled), one block or a cluster.
+    ("ln_bwd", 16384, "bf16"): ("0", "1024s1r0d0"),
+    ("add_ln_bwd", 16384, "bf16"): ("0", "1024s1r0d0"),
+    ("ln_bwd", 32768, "bf16"): ("0", "1024x2s1r0d0"),
+    ("add_ln_bwd", 32768, "bf16"): ("0", "1024x2s1r0d0"),
+    ("ln_bwd", 65536, "bf16"): ("0", "1024x4s1r0d0"),
 }
 KERNEL = {"fwd": "rmsnorm_fwd", "bwd": "rmsnorm_bwd", "add_fwd": "fused_add_rmsnorm_fwd",
           "add_bwd": "fused_add_rmsnorm_bwd", "ln_fwd": "layernorm_fwd", "ln_bwd": "layernorm_bwd",

@@ -700,6 +700,11 @@ def test_reduce_layout():
     short = Options(kernel="rmsnorm_dw_reduce", n=2048, dtype="f32").layout
     assert (short.tpr, short.rows) == (S.REDUCE_CT, S.REDUCE_RT_SHORT)
     assert Options(kernel="rmsnorm_dw_reduce", n=2052, dtype="f32").layout.rows == S.REDUCE_RT
+    # Long rows (at least 8192 chunks) leave few partial rows over many columns: 32 x 8.
+    long = Options(kernel="rmsnorm_dw_reduce", n=32768, dtype="f32").layout
+    assert (long.tpr, long.rows, long.block) == (S.REDUCE_CT_LONG, S.REDUCE_RT_LONG, S.REDUCE_CT * S.REDUCE_RT)
+    below = Options(kernel="rmsnorm_dw_reduce", n=32764, dtype="f32").layout
+    assert (below.tpr, below.rows) == (S.REDUCE_CT, S.REDUCE_RT)
 
 
 def test_reduce_sums_dw_and_db_in_one_kernel():
