@@ -20,13 +20,13 @@ import os
 import sys
 
 VARIANTS = {  # (op, N, dtype): layouts to compare, as NORMIR_TPR values ("0": the policy's)
-    # v142: LayerNorm's backwards at 16384-65536 staged through shared memory in 1024 threads of 2
-    # chunks (RMSNorm's 16384 layout; ptxas: 50-64 registers, none spilled), one block or a cluster.
-    ("ln_bwd", 16384, "bf16"): ("0", "1024s1r0d0"),
-    ("add_ln_bwd", 16384, "bf16"): ("0", "1024s1r0d0"),
-    ("ln_bwd", 32768, "bf16"): ("0", "1024x2s1r0d0"),
-    ("add_ln_bwd", 32768, "bf16"): ("0", "1024x2s1r0d0"),
-    ("ln_bwd", 65536, "bf16"): ("0", "1024x4s1r0d0"),
+    # v143: LayerNorm's backwards at 16384-65536 in RMSNorm's long-row layout (512 threads of 4
+    # chunks, read again with the L2 prefetch, over a cluster past 16384), dw's sums in registers
+    # and db's in shared memory (d2; ptxas: 128 registers, 0-16 bytes spilled; o0: none early).
+    ("ln_bwd", 16384, "bf16"): ("0", "512x1p1s0o0r0d2", "512x2p1o0r0d2"),
+    ("ln_bwd", 32768, "bf16"): ("0", "512x2p1o0r0d2", "512x2p1r0d2"),
+    ("add_ln_bwd", 32768, "bf16"): ("0", "512x2p1o0r0d2"),
+    ("ln_bwd", 65536, "bf16"): ("0", "512x4p1o0r0d2", "512x4p1r0d2"),
 }
 KERNEL = {"fwd": "rmsnorm_fwd", "bwd": "rmsnorm_bwd", "add_fwd": "fused_add_rmsnorm_fwd",
           "add_bwd": "fused_add_rmsnorm_bwd", "ln_fwd": "layernorm_fwd", "ln_bwd": "layernorm_bwd",
