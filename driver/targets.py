@@ -106,7 +106,7 @@ class Target:
         return "bin"
 
 
-def _nv(chip: str, ptx: str, clusters: bool) -> Target:
+def _nv(chip: str, ptx: str, clusters: bool, prefetch: bool) -> Target:
     return Target(
         chip=chip, vendor="nvidia", warp=32, regs_per_sm=65536, max_regs=255,
         target_attr=f'#nvvm.target<chip = "{chip}", features = "+{ptx}", O = 3>',
@@ -114,7 +114,8 @@ def _nv(chip: str, ptx: str, clusters: bool) -> Target:
         rsqrt_piece="common/rsqrt_nvvm.mlir", atomic_scope="device", atomic_attrs="",
         binary_formats=("bin", "isa"), isa_suffix=".ptx", bin_suffix=".cubin",
         cluster_piece="common/cluster_push_nvvm.mlir" if clusters else None, max_cluster=16 if clusters else 1,
-        prefetch_piece="common/prefetch_nvvm.mlir", stage_piece="common/stage_nvvm.mlir",
+        # NVPTX selects llvm.nvvm.prefetch.global.L2 only from sm_90 (PTX 8.0) on.
+        prefetch_piece="common/prefetch_nvvm.mlir" if prefetch else None, stage_piece="common/stage_nvvm.mlir",
         min_blocks_attr=", nvvm.minctasm = {} : i32", max_regs_attr=", nvvm.maxnreg = {} : i32",
         policy_piece="common/cache_policy_nvvm.mlir",
         hint_io_piece="common/hint_io_nvvm.mlir",
@@ -134,8 +135,9 @@ def _amd(chip: str) -> Target:
 
 TARGETS: dict[str, Target] = {
     t.chip: t
-    for t in (_nv("sm_90", "ptx81", clusters=True), _nv("sm_80", "ptx70", clusters=False),
-              _nv("sm_100", "ptx86", clusters=True), _amd("gfx950"), _amd("gfx942"))
+    for t in (_nv("sm_90", "ptx81", clusters=True, prefetch=True),
+              _nv("sm_80", "ptx70", clusters=False, prefetch=False),
+              _nv("sm_100", "ptx86", clusters=True, prefetch=True), _amd("gfx950"), _amd("gfx942"))
 }
 # The two targets every kernel is checked on in CI.
 PRIMARY = ("sm_90", "gfx950")

@@ -88,6 +88,22 @@ def test_every_kernel_compiles(kernel, target):
         assert re.search(r"\.private_segment_fixed_size:\s+0\b", isa), "scratch use on gfx950"
 
 
+@pytest.mark.parametrize("target", sorted(set(targets.TARGETS) - set(targets.PRIMARY)))
+def test_other_targets_lower_the_prefetching_backward(target):
+    """The backward asks L2 for its next row where the target has a prefetch piece; the targets
+    outside CI's pair lower it too (NVPTX selects prefetch.global.L2 from sm_90 on, so sm_80 has
+    no piece and refuses the knob; an abort in instruction selection would end the run)."""
+    prefetch = targets.get(target).prefetch_piece is not None
+    opts = Options(kernel="rmsnorm_bwd", n=16384, dtype="bf16", target=target, stage=0, l2_prefetch=int(prefetch))
+    assert opts.layout.l2_prefetch == prefetch
+    isa = compiler.compile_text(specialize(opts), target, "isa").data.decode()
+    assert KERNELS["rmsnorm_bwd"].entry in isa
+    assert ("prefetch.global.L2" in isa) == prefetch
+    if not prefetch:
+        with pytest.raises(ValueError, match=f"l2_prefetch=1: {target} has no L2 prefetch"):
+            _ = Options(kernel="rmsnorm_bwd", n=16384, target=target, l2_prefetch=1).layout
+
+
 def test_bad_format():
     with pytest.raises(ValueError, match="fmt='ptx'"):
         compiler.compile_text(_text(), "sm_90", "ptx")
