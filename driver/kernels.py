@@ -112,6 +112,9 @@ class KernelSpec:
     # residual, store_residual, bias, weight_offset, odtype (y's / dy's own type), xdtype (dx's),
     # dres (a dresidual of its own type), dres_out (reads d_residual_out).
     features: frozenset[str] = frozenset()
+    # Reads what the kernel ahead of it on the stream wrote, after its grid_dep wait: launched to
+    # start before that kernel ends where the target has programmatic launch (the column sums).
+    programmatic: bool = False
 
     @property
     def arg_names(self) -> tuple[str, ...]:
@@ -206,7 +209,7 @@ KERNELS: dict[str, KernelSpec] = {
             # the partials' (f32), wdtype the output's; with a bias (bdtype: db's type) it sums dw's
             # and db's partial rows in one launch.
             name="rmsnorm_dw_reduce", template=COL_SUM, entry="rmsnorm_dw_reduce",
-            args=COL_SUM.args, grid="cols", work=None, features=frozenset({"bias"}),
+            args=COL_SUM.args, grid="cols", work=None, features=frozenset({"bias"}), programmatic=True,
         ),
     )
 }

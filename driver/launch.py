@@ -111,9 +111,10 @@ def handle(kernel: str, device: int, n: int, dtype: str, wdtype: str, eps: float
             with _loading(drv):
                 fn = drv.function(device, binary.key, binary.data, binary.entry)
                 spec = KERNELS[kernel]
+                programmatic = spec.programmatic and targets.get(opts.target).grid_dep_piece is not None
                 h = runtime.LaunchHandle(drv, fn, binary.entry, opts.layout.block, spec.arg_names,
                                          tuple("p" if a.pointer else "q" for a in spec.args), opts.layout.cluster,
-                                         opts.layout.smem_bytes, device)
+                                         opts.layout.smem_bytes, device, programmatic)
             hit = _handles[key] = (h, opts.layout)
     return hit
 

@@ -162,7 +162,7 @@ class Driver:
                               f"clusters of {cluster} blocks (a target mismatch: check NORMIR_TARGET)")
         f = getattr(self.lib, name)
         f.argtypes, f.restype = [ctypes.POINTER(ctypes.c_int), ctypes.c_void_p, ctypes.c_void_p], ctypes.c_int
-        attr = _ClusterAttribute(cluster)
+        attr = _LaunchAttribute.cluster(cluster)
         cfg = _LaunchConfig(cluster, 1, 1, block, 1, 1, shared_bytes, None, ctypes.addressof(attr), 1)
         n = ctypes.c_int()
         self.check(f(ctypes.byref(n), fn, ctypes.byref(cfg)), name)
@@ -215,15 +215,21 @@ class _LaunchConfig(ctypes.Structure):
                 ("num_attrs", ctypes.c_uint)]
 
 
-class _ClusterAttribute(ctypes.Structure):
-    """CUlaunchAttribute holding CU_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION (4): an id, padding to 8
-    bytes, then a 64-byte value union whose first 12 bytes are the cluster's x, y, z."""
+class _LaunchAttribute(ctypes.Structure):
+    """CUlaunchAttribute: an id, padding to 8 bytes, then a 64-byte value union (as 16 uint32)."""
 
-    _fields_ = [("id", ctypes.c_uint), ("pad", ctypes.c_uint), ("x", ctypes.c_uint), ("y", ctypes.c_uint),
-                ("z", ctypes.c_uint), ("rest", ctypes.c_char * 52)]
+    _fields_ = [("id", ctypes.c_uint), ("pad", ctypes.c_uint), ("value", ctypes.c_uint * 16)]
 
-    def __init__(self, x: int):
-        super().__init__(4, 0, x, 1, 1)
+    @classmethod
+    def cluster(cls, x: int) -> _LaunchAttribute:
+        """CU_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION (4): the cluster's x, y, z."""
+        return cls(4, 0, (ctypes.c_uint * 16)(x, 1, 1))
+
+    @classmethod
+    def programmatic(cls) -> _LaunchAttribute:
+        """CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION (6) = 1: the kernel may start
+        before the one ahead of it on the stream ends; it waits for it in-kernel."""
+        return cls(6, 0, (ctypes.c_uint * 16)(1))
 
 
 @dataclass
@@ -242,6 +248,9 @@ class LaunchHandle:
     cluster: int = 1  # blocks per thread-block cluster (the grid is a multiple of it)
     shared_bytes: int = 0  # dynamic shared memory per block
     device: int = 0  # the device whose context the module was loaded into
+    # Launched with programmatic stream serialization (cuLaunchKernelEx; the kernel waits for the
+    # one ahead of it in-kernel, targets.Target.grid_dep_piece): the column sums after a row kernel.
+    programmatic: bool = False
 
     def __post_init__(self) -> None:
         if set(self.arg_kinds) - {"p", "q"} or len(self.arg_kinds) != len(self.arg_names):
@@ -274,10 +283,15 @@ class LaunchHandle:
         self.active_clusters = 0
         if self.cluster > _PORTABLE_CLUSTER:
             self.driver.allow_nonportable_cluster(self.fn, self.cluster)
+        attrs = []
         if self.cluster > 1:
             self.active_clusters = self.driver.active_clusters(self.fn, self.block, self.cluster, self.shared_bytes)
-            self._attr = _ClusterAttribute(self.cluster)
-            self._config.attrs, self._config.num_attrs = ctypes.addressof(self._attr), 1
+            attrs.append(_LaunchAttribute.cluster(self.cluster))
+        if self.programmatic:
+            attrs.append(_LaunchAttribute.programmatic())
+        if attrs:
+            self._attrs = (_LaunchAttribute * len(attrs))(*attrs)
+            self._config.attrs, self._config.num_attrs = ctypes.addressof(self._attrs), len(attrs)
         self._lock = threading.Lock()
         self._call = self.driver._launch_ex
         self._call_args = (vp(ctypes.addressof(self._config)), vp(self._fn), None, self._extra)

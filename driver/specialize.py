@@ -151,6 +151,7 @@ def common_values(opts: Options) -> dict[str, str]:
         "STAGE_PIECE": tgt.stage_piece if lay.stage or lay.dyn_slots else "common/stage_none.mlir",
         "STAGE_BLOCK_BYTES": str(lay.block * MAX_VECTOR_BYTES),
         "POLICY_PIECE": tgt.policy_piece if lay.hints else "common/cache_policy_none.mlir",
+        "GRID_DEP_PIECE": tgt.grid_dep_piece or "common/grid_dep_none.mlir",
         "HINT_IO_PIECE": tgt.hint_io_piece if lay.hints else "common/hint_io_none.mlir",
         "HINT_LD": _bool(bool(lay.hints & HINT_LOADS)),
         "HINT_ST": _bool(bool(lay.hints & HINT_STORES)),

@@ -54,6 +54,9 @@ class Target:
     max_regs_attr: str | None = None
     # 16-byte loads and stores with an L2 eviction policy (createpolicy + .L2::cache_hint, sm_80+):
     # the policies (once per kernel) and the hinted loads and stores (once per row tensor).
+    # Programmatic dependent launch (sm_90+): the column sums' kernel starts while the row kernel
+    # ends and waits for it in-kernel (griddepcontrol); none: stream order alone.
+    grid_dep_piece: str | None = None
     policy_piece: str | None = None
     hint_io_piece: str | None = None
 
@@ -118,6 +121,7 @@ def _nv(chip: str, ptx: str, clusters: bool, prefetch: bool) -> Target:
         prefetch_piece="common/prefetch_nvvm.mlir" if prefetch else None, stage_piece="common/stage_nvvm.mlir",
         min_blocks_attr=", nvvm.minctasm = {} : i32", max_regs_attr=", nvvm.maxnreg = {} : i32",
         policy_piece="common/cache_policy_nvvm.mlir",
+        grid_dep_piece="common/grid_dep_nvvm.mlir" if clusters else None,
         hint_io_piece="common/hint_io_nvvm.mlir",
     )
 

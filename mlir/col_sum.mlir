@@ -7,11 +7,13 @@
 // then row thread 0 adds the RT sums in order 0..RT-1. The order depends only on the number of
 // partial rows, so the result is bit-identical from run to run (unlike atomics).
 // Grid: ceil(NCHUNK / COL_THREADS) blocks per sum (dw; dw then db with HAS_BIAS).
-// Placeholders: N, WT, BT, V, COL_THREADS, ROW_THREADS, BLOCK, NCHUNK, TRUNC_WT, TRUNC_BT, HAS_BIAS, TARGET.
+// Placeholders: N, WT, BT, V, COL_THREADS, ROW_THREADS, BLOCK, NCHUNK, TRUNC_WT, TRUNC_BT, HAS_BIAS, TARGET,
+// GRID_DEP_PIECE (the wait for the row kernel where the launch lets this one start early).
 // Arguments: part (fp32, parts x N, or 2 x parts x N), out (WT, N), db (BT, N; unused without
 // HAS_BIAS), the number of partial rows per sum.
 module attributes {gpu.container_module} {
 gpu.module @normir [${TARGET}] {
+// normir:splice ${GRID_DEP_PIECE}
   gpu.func @${ENTRY}(
       ${ARGS})
       workgroup(%sums: memref<${ROW_THREADS}x${COL_THREADS}x${V}xf32, #gpu.address_space<workgroup>>)
@@ -25,6 +27,9 @@ gpu.module @normir [${TARGET}] {
     %nchunk = arith.constant ${NCHUNK} : index
     %zero_v = arith.constant dense<0.0> : vector<${V}xf32>
     %has_bias = arith.constant ${HAS_BIAS}
+    // Launched to start before the row kernel ends (where the target allows it): wait for it
+    // here, before any partial row is read.
+    func.call @normir_grid_dep_wait() : () -> ()
     %tid = gpu.thread_id x
     %bid = gpu.block_id x
     %cthread = arith.remui %tid, %ct : index

@@ -70,6 +70,7 @@ gpu.module @normir [${TARGET}] {
 // normir:splice ${PREFETCH_PIECE}
 // normir:splice ${STAGE_PIECE}
 // normir:splice ${POLICY_PIECE}
+// normir:splice ${GRID_DEP_PIECE}
 // normir:splice common/row_io.mlir TENSOR=x TYPE=${T} ALIGN=${ALIGN_T} EB=${EB_T}
 // normir:splice common/row_io.mlir TENSOR=dy TYPE=${YT} ALIGN=${ALIGN_YT} EB=${EB_YT}
 // normir:splice common/row_io.mlir TENSOR=dres_out TYPE=${T} ALIGN=${ALIGN_T} EB=${EB_T}
@@ -150,6 +151,9 @@ ${ABSENT}
     // The column sums' slots past static shared memory: byte addresses in the dynamic (SLOT_BASES).
     ${SLOT_BASES}
     func.call @normir_cluster_init(%tid) : (index) -> ()  // before any peer's first exchange
+    // The column sums' kernel may launch now, where the launch allows it (GRID_DEP_PIECE): its
+    // blocks take what room this persistent grid leaves and wait there for it to end.
+    func.call @normir_grid_dep_launch() : () -> ()
 
     // Zeroed dw (and db) sums, once per block.
     affine.for %k = 0 to ${K} {

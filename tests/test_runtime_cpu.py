@@ -394,6 +394,18 @@ def test_cluster_launch_carries_the_cluster_dimension():
     assert lib.launches[1]["attrs"] == []
 
 
+def test_programmatic_launch_carries_its_attribute():
+    # The column sums start before the row kernel ends: CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_
+    # SERIALIZATION (6) = 1, beside a cluster's dimension where there is one.
+    lib = FakeCuda()
+    d = Driver("cuda", lib=lib)
+    fn = d.function(0, "k", b"bin", "rmsnorm_dw_reduce")
+    LaunchHandle(d, fn, "rmsnorm_dw_reduce", 256, ("a",), ("p",), programmatic=True).launch_named(3, 0, a=1)
+    assert lib.launches[0]["attrs"] == [(6, 1, 0, 0)]
+    LaunchHandle(d, fn, "k", 256, ("a",), ("p",), cluster=2, programmatic=True).launch_named(4, 0, a=1)
+    assert lib.launches[1]["attrs"] == [(4, 2, 1, 1), (6, 1, 0, 0)]
+
+
 def test_cluster_past_the_portable_size_asks_for_a_non_portable_one():
     # CU_FUNC_ATTRIBUTE_NON_PORTABLE_CLUSTER_SIZE_ALLOWED (14) = 1, before the cluster occupancy
     # query and the launch, only past 8 blocks.
