@@ -67,6 +67,7 @@ HINT_LOADS = HINT_LAST_READ | HINT_KEEP | HINT_L1_KEEP | HINT_L1_FIRST
 FWD_BATCH_MAX_TPR = 512  # streamed rows batch pass 2's loads up to this many threads
 MAX_CLUSTER = 8  # blocks of a thread-block cluster that share one row (the portable limit)
 FWD_WIDE_CLUSTER = 4  # one-pass rows that fill a 1024-thread block: blocks per row (see row_layout)
+FWD_WIDE_SUMS_CLUSTER = 8  # the fused add's LayerNorm forward, long rows: blocks per row (_wide_sums_held)
 FWD_TWO_BLOCKS_THREADS = 768  # a streamed forward row of this many threads or more: capped for 2 blocks (_two_blocks)
 # Persistent kernels split rows whose column sums need more than this many registers per thread:
 # with 64 (N=32768 bf16 in one 512-thread block) ptxas caps the block at 128 registers and spills.
@@ -1006,15 +1007,9 @@ def fwd_layout(opts: Options, tgt: targets.Target, work: RowWork) -> Layout:
             and FWD_STREAM_CHUNKS[0] <= lay.nchunk <= FWD_STREAM_CHUNKS[1]:
         two_reads = len(reads(work, opts)) > 1
         streamed = _streamed(lay, two_reads=two_reads, sums=work.sums)
-        if work.sums > 1 and two_reads and streamed.tpr == MAX_THREADS and tgt.clusters:
-            # Two reads and a wider summary that stream in 1024 threads (the fused add's
-            # LayerNorm at N=32768): held over FWD_WIDE_CLUSTER blocks of 256 instead. On the
-            # H200 (bf16, *tune-v78*): 3960-3974 GB/s against 3267-3270; over 2 blocks of 512
-            # 3536-3545, of 1024 (2 chunks) 3604-3612. One read (LayerNorm's own) stays streamed:
-            # 3358-3363 against 2880-3307 over clusters.
-            c = FWD_WIDE_CLUSTER
-            held = row_layout(opts.n, lay.vec, hb, tgt, MAX_THREADS // c, DTYPES[opts.wdtype], c)
-            if held.cache_row and held.cluster == c:
+        if work.sums > 1 and two_reads and streamed.tpr == MAX_THREADS:
+            held = _wide_sums_held(opts, tgt, lay, hb)
+            if held is not None:
                 return held
         if work.sums > 1 and not two_reads and lay.nchunk % lay.warp:
             # One read of a wider summary whose chunks do not split over whole warps (N=2880):
@@ -1036,7 +1031,31 @@ def fwd_layout(opts: Options, tgt: targets.Target, work: RowWork) -> Layout:
             if held is not None and held.cache_row:
                 return held
         return _two_blocks(tgt, _even_rows(opts, tgt, work, streamed, hb), two_reads, DTYPES[opts.dtype])
+    if policy and work.sums > 1 and len(reads(work, opts)) > 1 and lay.cluster > 1:
+        held = _wide_sums_held(opts, tgt, lay, hb)
+        if held is not None:
+            return held
     return _even_rows(opts, tgt, work, lay, hb) if policy else lay
+
+
+def _wide_sums_held(opts: Options, tgt: targets.Target, lay: Layout, hb: int) -> Layout | None:
+    """Two reads and a wider summary (the fused add's LayerNorm forward) in rows that stream in
+    1024 threads or split over a cluster (N=32768, 65536 in 16-bit types): held over
+    FWD_WIDE_SUMS_CLUSTER blocks of 128 threads, 4 or 8 whole 16-byte chunks a thread. On the
+    H200 (bf16, weight and bias, two placements, *tune-v146*): 32768 3999-4035 GB/s against
+    3954-3994 over 4 blocks of 256 (which *tune-v78* had at 3960-3974 against 3267-3270
+    streamed, 3536-3545 over 2 blocks of 512, 3604-3612 of 1024); 65536 3936-3949 against
+    3906-3917 over 2 blocks of 512 (4 of 256: 3936-3942; 8 of 256, 4 of 512, 2 of 1024:
+    3442-3780). None where the shape does not apply. (LayerNorm's own, one read, stays streamed:
+    3358-3363 against 2880-3307 over clusters, *tune-v78*.)"""
+    c = FWD_WIDE_SUMS_CLUSTER
+    if not tgt.clusters or c > tgt.max_cluster or DTYPES[opts.dtype] != 2:
+        return None
+    held = row_layout(opts.n, lay.vec, hb, tgt, MAX_THREADS // c, DTYPES[opts.wdtype], c)
+    if held.cache_row and held.cluster == c and held.k == held.kfull and held.k in (4, 8) \
+            and held.vec * 2 == MAX_VECTOR_BYTES:
+        return held
+    return None
 
 
 def _two_blocks(tgt: targets.Target, lay: Layout, two_reads: bool, elem_bytes: int) -> Layout:

@@ -20,19 +20,9 @@ import os
 import sys
 
 VARIANTS = {  # (op, N, dtype): layouts to compare, as NORMIR_TPR values ("0": the policy's)
-    # v145: the policy's backwards, run once on two builds (without and with programmatic dependent
-    # launch of the column sums' kernel).
-    ("bwd", 2048, "bf16"): ("0",),
-    ("bwd", 65536, "bf16"): ("0",),
-    ("add_bwd", 2048, "bf16"): ("0",),
-    ("add_bwd", 65536, "bf16"): ("0",),
-    ("ln_bwd", 2880, "bf16"): ("0",),
-    ("ln_bwd", 4096, "bf16"): ("0",),
-    ("ln_bwd", 7168, "bf16"): ("0",),
-    ("ln_bwd", 16384, "bf16"): ("0",),
-    ("ln_bwd", 65536, "bf16"): ("0",),
-    ("add_ln_bwd", 2880, "bf16"): ("0",),
-    ("add_ln_bwd", 16384, "bf16"): ("0",),
+    # v146: the fused add's LayerNorm forward over 8 blocks of 128 threads and its neighbours.
+    ("add_ln_fwd", 32768, "bf16"): ("0", "128x8", "256x8", "512x4", "256x4w1"),
+    ("add_ln_fwd", 65536, "bf16"): ("0", "256x4", "512x4", "256x8", "1024x2", "128x8"),
 }
 KERNEL = {"fwd": "rmsnorm_fwd", "bwd": "rmsnorm_bwd", "add_fwd": "fused_add_rmsnorm_fwd",
           "add_bwd": "fused_add_rmsnorm_bwd", "ln_fwd": "layernorm_fwd", "ln_bwd": "layernorm_bwd",

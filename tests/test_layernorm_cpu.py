@@ -426,18 +426,23 @@ def test_backward_rows_split_over_a_cluster_only_where_the_halves_are_even():
     assert (lay(3072).tpr, lay(3072).cluster, lay(3072).db_smem) == (192, 1, 3)
 
 
-def test_fused_add_rows_of_1024_streamed_threads_are_held_over_a_cluster():
+def test_fused_add_long_rows_are_held_over_8_blocks_of_128():
     # The fused add's LayerNorm forward at N=32768 (two reads, a wider summary: 1024 x 4
-    # streamed) is held over 4 blocks of 256; LayerNorm's own (one read) and RMSNorm's fused
-    # add stay streamed; gfx950 (no clusters) keeps its own layout.
-    fused = dict(kernel="layernorm_fwd", n=32768, bdtype="bf16", rdtype="bf16", store_residual=True)
-    lay = Options(**fused).layout
-    assert (lay.tpr, lay.cluster, lay.k, lay.cache_row) == (256, 4, 4, True)
+    # streamed) and 65536 (over 2 blocks of 512) is held over 8 blocks of 128 threads, 4 and 8
+    # chunks a thread (layout._wide_sums_held); LayerNorm's own (one read) and RMSNorm's fused
+    # add keep theirs, as do f32 rows, other lengths and gfx950 (no clusters).
+    fused = dict(kernel="layernorm_fwd", bdtype="bf16", rdtype="bf16", store_residual=True)
+    for n, k in ((32768, 4), (65536, 8)):
+        lay = Options(**fused, n=n).layout
+        assert (lay.tpr, lay.cluster, lay.k, lay.kfull, lay.cache_row) == (128, 8, k, k, True)
+        assert Options(**fused, n=n, target="gfx950").layout.cluster == 1
     assert not Options(kernel="layernorm_fwd", n=32768, bdtype="bf16").layout.cache_row
     rms = Options(kernel="fused_add_rmsnorm_fwd", n=32768, rdtype="bf16", store_residual=True).layout
     assert (rms.tpr, rms.cluster, rms.cache_row) == (1024, 1, False)
-    assert Options(**fused, target="gfx950").layout.cluster == 1
-    assert Options(**{**fused, "n": 16384}).layout.cluster == 1  # 512 x 4 streamed
+    f32 = Options(kernel="layernorm_fwd", n=65536, dtype="f32", bdtype="f32", rdtype="f32", store_residual=True).layout
+    assert (f32.tpr, f32.cluster) == (512, 4)
+    assert Options(**fused, n=16384).layout.cluster == 1  # 512 x 4 streamed
+    assert Options(**fused, n=49152).layout.cluster == 2  # 6 chunks a thread over 8: not taken
 
 
 def test_backward_in_one_block_with_the_slots_in_dynamic_shared_memory():
