@@ -20,9 +20,16 @@ import os
 import sys
 
 VARIANTS = {  # (op, N, dtype): layouts to compare, as NORMIR_TPR values ("0": the policy's)
-    # v146: the fused add's LayerNorm forward over 8 blocks of 128 threads and its neighbours.
-    ("add_ln_fwd", 32768, "bf16"): ("0", "128x8", "256x8", "512x4", "256x4w1"),
-    ("add_ln_fwd", 65536, "bf16"): ("0", "256x4", "512x4", "256x8", "1024x2", "128x8"),
+    # v148: the policy's backwards, run once on two builds (the sums' accumulators starting at
+    # 0.0 or at -0.0, which LLVM folds away: x + -0.0 is x, fma(a, b, -0.0) is a * b).
+    ("ln_bwd", 2880, "bf16"): ("0",),
+    ("ln_bwd", 7168, "bf16"): ("0",),
+    ("ln_bwd", 16384, "bf16"): ("0",),
+    ("ln_bwd", 32768, "bf16"): ("0",),
+    ("ln_bwd", 65536, "bf16"): ("0",),
+    ("add_ln_bwd", 16384, "bf16"): ("0",),
+    ("add_ln_bwd", 32768, "bf16"): ("0",),
+    ("add_bwd", 65536, "bf16"): ("0",),
 }
 KERNEL = {"fwd": "rmsnorm_fwd", "bwd": "rmsnorm_bwd", "add_fwd": "fused_add_rmsnorm_fwd",
           "add_bwd": "fused_add_rmsnorm_bwd", "ln_fwd": "layernorm_fwd", "ln_bwd": "layernorm_bwd",
