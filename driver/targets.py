@@ -54,11 +54,11 @@ class Target:
     max_regs_attr: str | None = None
     # 16-byte loads and stores with an L2 eviction policy (createpolicy + .L2::cache_hint, sm_80+):
     # the policies (once per kernel) and the hinted loads and stores (once per row tensor).
+    policy_piece: str | None = None
+    hint_io_piece: str | None = None
     # Programmatic dependent launch (sm_90+): the column sums' kernel starts while the row kernel
     # ends and waits for it in-kernel (griddepcontrol); none: stream order alone.
     grid_dep_piece: str | None = None
-    policy_piece: str | None = None
-    hint_io_piece: str | None = None
 
     @property
     def hints(self) -> bool:

@@ -107,9 +107,7 @@ ${ABSENT}
     %eb = arith.constant ${EB_T} : index
     %eb_dy = arith.constant ${EB_YT} : index
     %zero_v = arith.constant dense<0.0> : vector<${V}xf32>
-    // The row sums start at -0.0, the identity of fadd: LLVM folds -0.0 + x to x and
-    // fma(a, b, -0.0) to a * b in the first chunk (from +0.0 it may not: +0.0 + -0.0 is +0.0).
-    %zero_acc = arith.constant dense<-0.0> : ${BWD_ACC}
+    %zero_acc = arith.constant dense<0.0> : ${BWD_ACC}
     %has_mean = arith.constant ${HAS_MEAN}
     %zero_t = arith.constant dense<0.0> : vector<${V}x${T}>
     %zero_dy = arith.constant dense<0.0> : vector<${V}x${YT}>
