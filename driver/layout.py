@@ -113,7 +113,6 @@ class Layout:
     db_smem: int = 0  # persistent with a bias: db's column sums in shared memory, each thread its own (Options.db_smem)
     cast_words: bool = False  # the forward's pass-2 bf16 casts by 32-bit words, x_hat * w + b one fma (_cast_words)
     two_pass: bool = False  # LayerNorm's held rows: the variance by a second pass over the held chunks (_two_pass)
-    wb_stage: int = 0  # forward: bytes of w and b a chunk, staged in shared memory once, rows persistent (_staged)
 
     @property
     def slot_bytes(self) -> int:
@@ -130,8 +129,6 @@ class Layout:
         """Dynamic shared memory per block: the STAGE buffers, or the slots past the static limit."""
         if self.stage:
             return self.stage_buffers * self.k * self.block * MAX_VECTOR_BYTES
-        if self.wb_stage:
-            return self.wb_stage * self.k * self.block
         return self.slot_bytes if self.dyn_slots else 0
 
     @property
@@ -918,7 +915,9 @@ def _staged(opts: Options, lay: Layout, tgt: targets.Target, work: RowWork, pers
     """
     _check(opts.stage, "stage", "choose 1 (on), 0 (off) or -1 (the policy's)")
     if not persistent:
-        return _staged_wb(opts, lay, tgt)
+        if opts.stage == 1:
+            raise ValueError(f"stage=1: {opts.kernel} (a block per row group) has no staged layout; use -1 or 0")
+        return lay
     eb = DTYPES[opts.dtype]
     buffers = 2 * len(reads(work, opts))
     sixteen = {lay.vec * DTYPES[types(opts)[t]] for t in reads(work, opts)} == {MAX_VECTOR_BYTES}
@@ -944,22 +943,6 @@ def _staged(opts: Options, lay: Layout, tgt: targets.Target, work: RowWork, pers
     policy = stageable and not opts.has_dres_out \
         and (buffers * lay.k * lay.block * MAX_VECTOR_BYTES <= STAGE_POLICY_BYTES or not opts.has_weight)
     return replace(lay, stage=policy if opts.stage == -1 else bool(opts.stage), stage_buffers=buffers)
-
-
-def _staged_wb(opts: Options, lay: Layout, tgt: targets.Target) -> Layout:
-    """The forward's STAGE (WB_STAGE), forced: the weight and bias in shared memory, each thread
-    its own chunks, copied once a block, and the rows persistent, so that L2 serves the rows alone
-    (a row of LayerNorm's forward at N=65536 reads w and b, twice x's bytes, from L2). Needs
-    dynamic shared memory (the target's stage piece) and slots within MAX_STAGE_BYTES. A call
-    with neither a weight nor a bias has nothing to stage and keeps its layout."""
-    chunk = lay.vec * ((DTYPES[opts.wdtype] if opts.has_weight else 0) + (DTYPES[opts.bdtype] if opts.bdtype else 0))
-    if opts.stage != 1 or not chunk:
-        return lay
-    if not (tgt.stage_piece and chunk * lay.k * lay.block <= MAX_STAGE_BYTES):
-        raise ValueError(f"stage=1: {opts.kernel} stages its weight and bias in dynamic shared memory, which needs "
-                         f"a target with a stage piece ({tgt.chip}: {'yes' if tgt.stage_piece else 'no'}) and at "
-                         f"most {MAX_STAGE_BYTES} bytes a block (here {chunk * lay.k * lay.block}); use -1 or 0")
-    return replace(lay, wb_stage=chunk, prefetch_w=False)
 
 
 def _hint_policy(lay: Layout, persistent: bool, has_weight: bool) -> int:

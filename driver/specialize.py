@@ -148,12 +148,7 @@ def common_values(opts: Options) -> dict[str, str]:
         "L2_PREFETCH": _bool(lay.l2_prefetch),
         "STAGE": _bool(lay.stage),
         # The launch's dynamic shared memory: the STAGE buffers, or the column sums' slots past static.
-        "STAGE_PIECE": tgt.stage_piece if lay.stage or lay.dyn_slots or lay.wb_stage else "common/stage_none.mlir",
-        # The forward's w and b in shared memory (layout._staged): each [k][thread] chunks, w's first.
-        "WB_STAGE": _bool(lay.wb_stage > 0),
-        "WB_W_CHUNK": str(lay.vec * wb),
-        "WB_B_CHUNK": str(lay.vec * DTYPES[types(opts)["BT"]]),
-        "WB_STAGE_W_BYTES": str(lay.k * lay.block * lay.vec * wb if opts.has_weight else 0),
+        "STAGE_PIECE": tgt.stage_piece if lay.stage or lay.dyn_slots else "common/stage_none.mlir",
         "STAGE_BLOCK_BYTES": str(lay.block * MAX_VECTOR_BYTES),
         "POLICY_PIECE": tgt.policy_piece if lay.hints else "common/cache_policy_none.mlir",
         "GRID_DEP_PIECE": tgt.grid_dep_piece or "common/grid_dep_none.mlir",
@@ -199,7 +194,7 @@ def common_values(opts: Options) -> dict[str, str]:
         "MULTI_WARP": _bool(lay.tpr > lay.warp),
         # row_sum's trailing barrier guards %red for the block's next row: a grid of one row group
         # per block has none (*tune-v64*: +1% at 7168, +0.2-0.6% at 2048-8192 for the forward).
-        "RED_REUSED": _bool(KERNELS[opts.kernel].grid != "rows" or lay.wb_stage > 0),
+        "RED_REUSED": _bool(KERNELS[opts.kernel].grid != "rows"),
         "SHUFFLE_STEPS": str(int(math.log2(min(lay.tpr, lay.warp)))),
         # The warp totals' butterfly: log2 of the power of two covering them (1 warp: no step).
         "WPR_P2": str(_pow2_at_least(lay.wpr)),
@@ -227,8 +222,7 @@ def common_values(opts: Options) -> dict[str, str]:
 LAYOUT_VALUES = {
     "TPR": "--tpr", "CLUSTER": "--cluster", "CLUSTER_PIECE": "--cluster", "V": "--vec", "ALIGN": "--vec",
     "W_ALIGN": "--vec", "PART_ALIGN": "--vec", "STAGE": "--stage", "STAGE_PIECE": "--stage",
-    "STAGE_BLOCK_BYTES": "--stage", "WB_STAGE": "--stage", "WB_W_CHUNK": "--stage", "WB_B_CHUNK": "--stage",
-    "WB_STAGE_W_BYTES": "--stage", "L2_PREFETCH": "--l2-prefetch", "PREFETCH_PIECE": "--l2-prefetch",
+    "STAGE_BLOCK_BYTES": "--stage", "L2_PREFETCH": "--l2-prefetch", "PREFETCH_PIECE": "--l2-prefetch",
     "CACHE_ROW": "--cache-row", "OVERLAP": "--overlap", "OVERLAP_K": "--overlap", "OVERLAP_DRES": "--overlap",
     "BATCH_RELOAD": "--batch-reload",
     "TWO_PASS": "--two-pass",

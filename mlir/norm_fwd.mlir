@@ -28,11 +28,7 @@
 // Without it (rows too long for registers, or the policy's streamed rows) pass 2 reads the row
 // again, mostly from L2 (residual_out where it was stored, else x and residual); with
 // BATCH_RELOAD it loads all its chunks of the row and w before computing. Block (cluster) c takes
-// row group c: a launch has one block (cluster) per group. With WB_STAGE the rows are persistent
-// instead (c takes groups c, c + clusters, ...; the launch has at most as many as run at once):
-// each thread first copies its chunks of w and b into the launch's dynamic shared memory, its own
-// slots [k][thread] (no barrier: only it reads them back), and pass 2 reads them there for every
-// row, so that L2 serves only the rows (the weight and bias are read once a block, not a row). Row tensors are read and written
+// row group c: a launch has one block (cluster) per group. Row tensors are read and written
 // through row_io (one splice per tensor); with HINT_LD / HINT_ST their loads and stores carry
 // cache policies (the first read that pass 2 repeats keeps its lines in L2; a row's last read and
 // the stores evict first).
@@ -41,16 +37,14 @@
 // (weight), BT (bias), with per type ALIGN_*, EB_* (bytes per element), EXT_* (cast to f32) and
 // TRUNC_* (cast from f32), X_TO_H; V, ALIGN, EB, W_ALIGN, BLOCK, ROWS, TPR, WPR, K, KFULL,
 // NCHUNK, CLUSTER, NSUB, NR, FWD_ACC; the flags HAS_MEAN, HAS_WEIGHT, HAS_RESIDUAL, STORE_RESIDUAL, HAS_BIAS,
-// HAS_OFFSET, STORE_RSTD, CACHE_ROW, PREFETCH_W (weight chunks loaded in pass 1), BATCH_RELOAD, TWO_PASS,
-// WB_STAGE;
+// HAS_OFFSET, STORE_RSTD, CACHE_ROW, PREFETCH_W (weight chunks loaded in pass 1), BATCH_RELOAD, TWO_PASS;
 // WEIGHT_OFFSET; TARGET (gpu.module target attribute), KERNEL_ATTRS (a register bound), ENTRY,
 // ARGS (the signature, from the kernel catalogue) and ABSENT (the template's tensors a kernel
 // does not pass); the pieces STATS_PIECE (the op's math), RSQRT_PIECE, LATE_EXT_HT_PIECE (pass
 // 2's cast of the held h), LATE_EXT_WT_PIECE and LATE_EXT_BT_PIECE (the weight's and bias's),
 // LATE_EXT_DEV_PIECE (TWO_PASS's cast of the held h, spelled unlike pass 2's),
 // WB_CONTRACT (fastmath<contract>, x_hat * w + b as one fma, where the casts go by words, or none),
-// CLUSTER_PIECE (cross-block sums), POLICY_PIECE (cache policies), STAGE_PIECE (WB_STAGE's
-// dynamic shared memory) and WB_STAGE_W_BYTES (where b's slots begin), and the spliced pieces' own.
+// CLUSTER_PIECE (cross-block sums), POLICY_PIECE (cache policies), and the spliced pieces' own.
 // Tensors: x, residual, w, b, y, residual_out (rows of N or N columns), rstd and mean (fp32 per row);
 // scalars: rows, the row strides of x, residual, y and residual_out (elements), and the grid
 // size in blocks.
@@ -66,7 +60,6 @@ gpu.module @normir [${TARGET}] {
 // normir:splice ${LATE_EXT_DEV_PIECE} TENSOR=h_dev TYPE=${HT} EXT=${EXT_HT}
 // normir:splice ${CLUSTER_PIECE}
 // normir:splice ${POLICY_PIECE}
-// normir:splice ${STAGE_PIECE}
 // normir:splice common/row_io.mlir TENSOR=x TYPE=${T} ALIGN=${ALIGN_T} EB=${EB_T}
 // normir:splice common/row_io.mlir TENSOR=residual TYPE=${RT} ALIGN=${ALIGN_RT} EB=${EB_RT}
 // normir:splice common/row_io.mlir TENSOR=residual_out TYPE=${HT} ALIGN=${ALIGN_HT} EB=${EB_HT}
@@ -99,7 +92,6 @@ ${ABSENT}
     %true = arith.constant true
     %batch_reload = arith.constant ${BATCH_RELOAD}
     %two_pass = arith.constant ${TWO_PASS}
-    %wb_stage = arith.constant ${WB_STAGE}
     %zero_f = arith.constant 0.0 : f32
     %zero_acc = arith.constant dense<0.0> : ${FWD_ACC}
     %false = arith.constant false
@@ -129,32 +121,9 @@ ${ABSENT}
     %pol_pass1 = arith.select %cache_row, %pol_first, %pol_last : i64
     func.call @normir_cluster_init(%tid) : (index) -> ()  // before any peer's first exchange
 
-    // WB_STAGE: this thread's chunks of w and b into its shared slots, once for all its rows.
-    %stage_base = func.call @normir_stage_base() : () -> index
-    scf.if %wb_stage {
-      affine.for %k = 0 to ${K} {
-        // normir:splice common/chunk.mlir LIVE=live
-        scf.if %live {
-          scf.if %has_weight {
-            %wv = vector.load %w_arg[%col] {alignment = ${W_ALIGN}} : memref<${N}x${WT}>, vector<${V}x${WT}>
-            %w_at = func.call @normir_wb_slot(%stage_base, %c0, %k, %tid) : (index, index, index, index) -> !llvm.ptr<3>
-            llvm.store %wv, %w_at {alignment = ${W_ALIGN} : i64} : vector<${V}x${WT}>, !llvm.ptr<3>
-          }
-          scf.if %has_bias {
-            %bv = vector.load %b_arg[%col] {alignment = ${ALIGN_BT}} : memref<${N}x${BT}>, vector<${V}x${BT}>
-            %b_at = func.call @normir_wb_slot(%stage_base, %c1, %k, %tid) : (index, index, index, index) -> !llvm.ptr<3>
-            llvm.store %bv, %b_at {alignment = ${ALIGN_BT} : i64} : vector<${V}x${BT}>, !llvm.ptr<3>
-          }
-        }
-      }
-    }
-
-    // A block (cluster) per group: a loop of one trip, which folds away; WB_STAGE's persistent
-    // rows: every clusters-th group from its own.
+    // The grid has a block (cluster) per group: a loop of one trip, which folds away.
     %cid_next = arith.addi %cid, %c1 : index
-    %g_end = arith.select %wb_stage, %groups, %cid_next : index
-    %g_step = arith.select %wb_stage, %clusters, %c1 : index
-    scf.for %g = %cid to %g_end step %g_step {
+    scf.for %g = %cid to %cid_next step %c1 {
       %iter = arith.divui %g, %clusters : index
       %g_base = arith.muli %g, %rows_per_block : index
       %row = arith.addi %g_base, %slot : index
@@ -305,14 +274,7 @@ ${ABSENT}
                 %v = vector.load %wbuf[%k, %c0] : memref<${K}x${V}x${WT}, #gpu.address_space<private>>, vector<${V}x${WT}>
                 scf.yield %v : vector<${V}x${WT}>
               } else {
-                %v = scf.if %wb_stage -> (vector<${V}x${WT}>) {
-                  %w_at = func.call @normir_wb_slot(%stage_base, %c0, %k, %tid) : (index, index, index, index) -> !llvm.ptr<3>
-                  %s = llvm.load %w_at {alignment = ${W_ALIGN} : i64} : !llvm.ptr<3> -> vector<${V}x${WT}>
-                  scf.yield %s : vector<${V}x${WT}>
-                } else {
-                  %l = vector.load %w_arg[%col] {alignment = ${W_ALIGN}} : memref<${N}x${WT}>, vector<${V}x${WT}>
-                  scf.yield %l : vector<${V}x${WT}>
-                }
+                %v = vector.load %w_arg[%col] {alignment = ${W_ALIGN}} : memref<${N}x${WT}>, vector<${V}x${WT}>
                 scf.yield %v : vector<${V}x${WT}>
               }
               %wf0 = func.call @normir_late_ext_w(%wv) : (vector<${V}x${WT}>) -> vector<${V}xf32>
@@ -328,14 +290,7 @@ ${ABSENT}
               scf.yield %xn : vector<${V}xf32>
             }
             %yb = scf.if %has_bias -> (vector<${V}xf32>) {
-              %bv = scf.if %wb_stage -> (vector<${V}x${BT}>) {
-                %b_at = func.call @normir_wb_slot(%stage_base, %c1, %k, %tid) : (index, index, index, index) -> !llvm.ptr<3>
-                %v = llvm.load %b_at {alignment = ${ALIGN_BT} : i64} : !llvm.ptr<3> -> vector<${V}x${BT}>
-                scf.yield %v : vector<${V}x${BT}>
-              } else {
-                %v = vector.load %b_arg[%col] {alignment = ${ALIGN_BT}} : memref<${N}x${BT}>, vector<${V}x${BT}>
-                scf.yield %v : vector<${V}x${BT}>
-              }
+              %bv = vector.load %b_arg[%col] {alignment = ${ALIGN_BT}} : memref<${N}x${BT}>, vector<${V}x${BT}>
               %bf = func.call @normir_late_ext_b(%bv) : (vector<${V}x${BT}>) -> vector<${V}xf32>
               %yb1 = arith.addf %yf, %bf ${WB_CONTRACT} : vector<${V}xf32>
               scf.yield %yb1 : vector<${V}xf32>
@@ -350,23 +305,6 @@ ${ABSENT}
       }
     }
     gpu.return
-  }
-
-  // WB_STAGE's shared slot of this thread's chunk k of w (%tensor 0) or b (1): [k][tid], w's
-  // first (WB_STAGE_W_BYTES), then b's, each thread its own V elements.
-  func.func private @normir_wb_slot(%base: index, %tensor: index, %k: index, %tid: index) -> !llvm.ptr<3>
-      attributes {llvm.linkage = #llvm.linkage<internal>} {
-    %c0 = arith.constant 0 : index
-    %is_w = arith.cmpi eq, %tensor, %c0 : index
-    %w_chunk = arith.constant ${WB_W_CHUNK} : index
-    %b_chunk = arith.constant ${WB_B_CHUNK} : index
-    %b_start = arith.constant ${WB_STAGE_W_BYTES} : index
-    %chunk = arith.select %is_w, %w_chunk, %b_chunk : index
-    %start = arith.select %is_w, %c0, %b_start : index
-    %at = affine.apply affine_map<(k, t)[b, s, c] -> (b + s + (k * ${BLOCK} + t) * c)>(%k, %tid)[%base, %start, %chunk]
-    %addr = arith.index_cast %at : index to i64
-    %ptr = llvm.inttoptr %addr : i64 to !llvm.ptr<3>
-    return %ptr : !llvm.ptr<3>
   }
 
   // The row the op normalizes, chunk [row, col : col + V], in its held type HT: x itself, or with

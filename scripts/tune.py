@@ -20,15 +20,16 @@ import os
 import sys
 
 VARIANTS = {  # (op, N, dtype): layouts to compare, as NORMIR_TPR values ("0": the policy's)
-    # v149: the forward's weight and bias staged in shared memory, rows persistent (s1), against
-    # the policy's block (cluster) per row, on the policy's layout and on others that it frees.
-    ("ln_fwd", 65536, "bf16"): ("0", "0s1", "256x4s1m3v4w1", "128x8s1", "128x8s1m5"),
-    ("add_ln_fwd", 65536, "bf16"): ("0", "0s1", "128x8s1m5"),
-    ("fwd", 65536, "bf16"): ("0", "0s1"),
-    ("add_fwd", 65536, "bf16"): ("0", "0s1"),
-    ("ln_fwd", 32768, "bf16"): ("0", "0s1", "256x4s1", "128x8s1"),
-    ("add_ln_fwd", 32768, "bf16"): ("0", "0s1"),
-    ("ln_fwd", 16384, "bf16"): ("0", "0s1"),
+    # v148: the policy's backwards, run once on two builds (the sums' accumulators starting at
+    # 0.0 or at -0.0, which LLVM folds away: x + -0.0 is x, fma(a, b, -0.0) is a * b).
+    ("ln_bwd", 2880, "bf16"): ("0",),
+    ("ln_bwd", 7168, "bf16"): ("0",),
+    ("ln_bwd", 16384, "bf16"): ("0",),
+    ("ln_bwd", 32768, "bf16"): ("0",),
+    ("ln_bwd", 65536, "bf16"): ("0",),
+    ("add_ln_bwd", 16384, "bf16"): ("0",),
+    ("add_ln_bwd", 32768, "bf16"): ("0",),
+    ("add_bwd", 65536, "bf16"): ("0",),
 }
 KERNEL = {"fwd": "rmsnorm_fwd", "bwd": "rmsnorm_bwd", "add_fwd": "fused_add_rmsnorm_fwd",
           "add_bwd": "fused_add_rmsnorm_bwd", "ln_fwd": "layernorm_fwd", "ln_bwd": "layernorm_bwd",

@@ -47,14 +47,7 @@ FORCED_CASES = (
     (16384, "f16", {}, {"cache_row": 0}),  # without a weight: re-read, not staged
     (32768, "bf16", {"cluster": 2}, {}),  # the forward over 2 blocks (pushes)
     (65536, "f16", {"cluster": 4}, {"overlap": 4}),  # 4 blocks, all of pass 2 inside the exchange
-    (65536, "bf16", {"stage": 1}, {}),  # the forward's weight in shared memory, rows persistent over clusters
-    (2880, "f32", {"stage": 1, "hints": 0}, {}),  # the same in one block, a masked tail
 )
-# (N, forced layout of layernorm_fwd): the weight and bias staged in shared memory, the rows
-# persistent (layout._staged_wb): over a cluster (4 x 256 and 8 x 128), held in one block (2880:
-# the two-pass variance), read twice (32768: streamed), several rows a block (100).
-WB_STAGE_CASES = ((65536, {"stage": 1}), (65536, {"tpr": 128, "cluster": 8, "stage": 1}), (2880, {"stage": 1}),
-                  (32768, {"stage": 1}), (100, {"stage": 1}))
 OTHER_WEIGHT_N = (100, 2880, 65536)  # test_weight_in_another_dtype: each type read in its own
 # (N, dtype) for the backward without a weight, whose policy differs (layout._cache_row):
 # the row held in registers, staged through shared memory, every chunk loaded inside the barrier,
@@ -393,10 +386,6 @@ def layer_specializations() -> list[dict]:
                 for _, has_w, has_b, r in SANITIZE_LN_COMBOS:
                     r = dt if r == "x" else r
                     plan += _forced_bwd(layer_bwd(n, dt, r, dt if has_w else None, dt if has_b else None), knobs)
-    for n, knobs in WB_STAGE_CASES:  # test_forward_weight_and_bias_staged
-        for combo in (("bf16", None, "", "bf16"), ("bf16", "bf16", "", "bf16"), ("bf16", None, None, "bf16"),
-                      ("bf16", None, "", None), ("bf16", None, "f32", "bf16")):
-            plan += [{**layer_fwd(n, *combo), **knobs}] + layer_bwd(n, *combo)
     gradcheck = ("f32", "f32", "f32", "f32")
     plan += [layer_fwd(100, *gradcheck)] + layer_bwd(100, *gradcheck)
     plan += [layer_fwd(1024, "bf16", "bf16", b="bf16")] + layer_bwd(1024, "bf16", "bf16", b="bf16")

@@ -28,7 +28,6 @@ from gpu_cases import (
     LN_STATS_N,
     MODEL_N,
     TRAIN_N,
-    WB_STAGE_CASES,
     tpr_value,
 )
 from gpu_helpers import TOL, TORCH, make, poison, rel_err, tensors
@@ -186,28 +185,6 @@ def test_db_sums_in_shared_memory(monkeypatch, n, knobs):
         check((199, n), "bf16", b="bf16")
         check((199, n), "bf16", "f32", b="bf16")
         test_dw_db_bit_identical_across_runs_and_atomic_mode(n)
-    finally:
-        launch.clear_handles()
-
-
-@pytest.mark.parametrize("n,knobs", WB_STAGE_CASES, ids=lambda v: tpr_value(v) if isinstance(v, dict) else str(v))
-def test_forward_weight_and_bias_staged(monkeypatch, n, knobs):
-    # The forward's weight and bias in shared memory, its rows persistent (stage=1): one row and
-    # more rows than the grid's clusters, the fused add, each of w and b alone, an fp32 weight.
-    from normir import launch
-    from normir.layout import max_vec
-    monkeypatch.setenv("NORMIR_TPR", f"layernorm_fwd:{n}={tpr_value(knobs)}")
-    launch.clear_handles()
-    try:
-        _, lay = launch.handle("layernorm_fwd", 0, n, "bf16", "bf16", LN_EPS, True, True, max_vec(n, 2),
-                               extra=(("bdtype", "bf16"),))
-        assert lay.wb_stage and lay.smem_bytes
-        for m in (1, 1000):
-            check((m, n), "bf16", b="bf16")
-        check((1000, n), "bf16", "bf16", b="bf16")
-        check((1000, n), "bf16", w=None, b="bf16")
-        check((1000, n), "bf16")
-        check((1000, n), "bf16", w="f32", b="bf16")
     finally:
         launch.clear_handles()
 

@@ -240,10 +240,7 @@ def test_forced_layouts(monkeypatch, n, dt, fwd, bwd):
         for kernel, forced in (("rmsnorm_fwd", fwd), ("rmsnorm_bwd", bwd)):
             _, lay = launch.handle(kernel, 0, n, dt, dt, 1e-6, True, kernel == "rmsnorm_fwd", vec)
             for name, value in forced.items():
-                if (kernel, name) == ("rmsnorm_fwd", "stage"):  # the forward stages its weight
-                    name = "wb_stage"
-                assert bool(getattr(lay, name)) == bool(value) if name in ("stage", "l2_prefetch", "wb_stage") \
-                    else getattr(lay, name) == value
+                assert getattr(lay, name) == (bool(value) if name in ("stage", "l2_prefetch") else value)
         x = make((1000, n), TORCH[dt])
         w = make((n,), TORCH[dt]) + 1
         check_fwd(x, w, 1e-6)

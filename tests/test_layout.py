@@ -657,11 +657,12 @@ def test_stage_policy():
     assert not Options(kernel="rmsnorm_bwd", n=1024).layout.stage  # held in registers
     assert not Options(kernel="rmsnorm_bwd", n=8192, vec=4).layout.stage  # 8-byte chunks
     assert not Options(kernel="rmsnorm_bwd", n=8192, target="gfx950").layout.stage
-    # The forward stages no rows (it lost 4-11%: removed); its stage=1 is its weight's and bias's.
+    # Kernels of a block per row group (the forward) have no staging (it lost 4-11%: removed).
     assert not Options(kernel="rmsnorm_fwd", n=16384).layout.stage
     assert not Options(kernel="rmsnorm_fwd", n=1024, stage=0).layout.stage and \
         Options(kernel="rmsnorm_fwd", n=1024).layout.smem_bytes == 0
-    assert not Options(kernel="rmsnorm_fwd", n=16384, stage=1).layout.stage
+    with pytest.raises(ValueError, match=r"^stage=1: rmsnorm_fwd \(a block per row group\) has no staged layout"):
+        Options(kernel="rmsnorm_fwd", n=16384, stage=1)
     with pytest.raises(ValueError, match=r"^stage=1: rmsnorm_dw_reduce has a fixed layout"):
         Options(kernel="rmsnorm_dw_reduce", n=4096, dtype="f32", stage=1)
     for bad in (dict(target="gfx950"), dict(vec=4), dict(n=1024)):
@@ -669,23 +670,6 @@ def test_stage_policy():
             Options(kernel="rmsnorm_bwd", **{"n": 16384, "stage": 1, **bad})
     with pytest.raises(ValueError, match=r"^stage=5: choose 1"):
         Options(kernel="rmsnorm_bwd", n=16384, stage=5)
-
-
-def test_forward_stages_weight_and_bias():
-    # stage=1 on a forward: w and b in dynamic shared memory, [k][thread] chunks of each, and the
-    # rows persistent (the plan's grid follows layout.wb_stage).
-    lay = Options(kernel="layernorm_fwd", n=65536, bdtype="bf16", stage=1).layout
-    assert (lay.cluster, lay.block, lay.k, lay.vec) == (4, 256, 16, 4)
-    assert lay.wb_stage == 4 * (2 + 2) and lay.smem_bytes == 16 * 16 * 256 == 65536 and not lay.prefetch_w
-    mixed = Options(kernel="layernorm_fwd", n=4096, wdtype="f32", bdtype="bf16", stage=1).layout
-    assert mixed.wb_stage == mixed.vec * (4 + 2)
-    assert Options(kernel="rmsnorm_fwd", n=4096, stage=1).layout.wb_stage == 8 * 2  # the weight alone
-    assert not Options(kernel="layernorm_fwd", n=65536, bdtype="bf16").layout.wb_stage  # not the policy's
-    assert not Options(kernel="rmsnorm_fwd", n=4096, has_weight=False, stage=1).layout.wb_stage  # nothing to stage
-    with pytest.raises(ValueError, match=r"^stage=1: rmsnorm_fwd stages its weight and bias .* \(gfx950: no\)"):
-        Options(kernel="rmsnorm_fwd", n=4096, target="gfx950", stage=1)
-    with pytest.raises(ValueError, match=r"^stage=1: layernorm_fwd stages .*here 1048576\); use -1 or 0"):
-        Options(kernel="layernorm_fwd", n=131072, dtype="f32", wdtype="f32", bdtype="f32", cluster=1, stage=1)
 
 
 def test_amd_layouts_that_spilled():

@@ -90,7 +90,7 @@ def _fwd_fast(x, residual, weight, bias, eps, residual_dtype, out_dtype, weight_
             residual.shape == x.shape and residual.is_contiguous())) \
             or (weight is not None and not weight.is_contiguous()) or (bias is not None and not bias.is_contiguous()):
         return None
-    h, grid, y_dtype, h_dtype, has_mean = hit
+    h, rows, cluster, y_dtype, h_dtype, has_mean = hit
     dev, n = x.get_device(), x.shape[-1]
     y = torch.empty_like(x) if y_dtype is None else torch.empty_like(x, dtype=y_dtype)
     res_out = None
@@ -111,7 +111,7 @@ def _fwd_fast(x, residual, weight, bias, eps, residual_dtype, out_dtype, weight_
         # rstd, [mean], rows, x_stride, residual_stride, y_stride, residual_out_stride).
         st = (rstd.data_ptr() if rstd is not None else 0,) + (
             ((mean.data_ptr() if mean is not None else 0),) if has_mean else ())
-        R.launch(dev, h, grid(m), xp, rp, wp, bp, yp, hp, *st, m, n, n if residual is not None else 0,
+        R.launch(dev, h, -(-m // rows) * cluster, xp, rp, wp, bp, yp, hp, *st, m, n, n if residual is not None else 0,
                  n, n)
     return y, res_out, rstd, mean
 
@@ -153,7 +153,7 @@ def launch_fwd(x: torch.Tensor, residual: torch.Tensor | None, weight: torch.Ten
                 and r2 is residual and w is weight and b is bias:
             _FWD_SEEN[_fwd_key(kernel, x, residual, weight, bias, eps, residual_dtype, out_dtype, offset, store_rstd,
                                store_residual)] = (
-                p.handle, p.grid, None if y.dtype == x.dtype else y.dtype,
+                p.handle, p.layout.rows, p.layout.cluster, None if y.dtype == x.dtype else y.dtype,
                 None if res_out is None or res_out.dtype == residual.dtype else res_out.dtype, has_mean)
         with R.on_device(dev):
             p.handle.launch_named(

@@ -217,7 +217,7 @@ def plan(kernel: str, dev: int, n: int, dtype: str, wdtype: str, eps: float, has
     p = _plans.get(key)
     if p is None:
         h, lay = L.handle(*key)
-        persistent = L.KERNELS[kernel].grid == "persistent" or lay.wb_stage > 0  # the forward's staged w, b
+        persistent = L.KERNELS[kernel].grid == "persistent"
         p = _plans[key] = Plan(h, lay, persistent, h.resident(sm_count(dev)) if persistent else 0)
     return p
 

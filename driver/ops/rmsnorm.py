@@ -38,7 +38,7 @@ def _fwd(x: torch.Tensor, weight: torch.Tensor | None, eps: float,
             key = (x.dtype, n, dev, eps, store_rstd, weight.dtype, weight.shape, weight.get_device())
         hit = _FWD_SEEN.get(key)
         if hit is not None and x.is_contiguous() and (weight is None or weight.is_contiguous()):
-            h, grid = hit
+            h, rows, cluster = hit
             y = torch.empty_like(x)
             xp, yp = x.data_ptr(), y.data_ptr()
             wp = weight.data_ptr() if weight is not None else 0
@@ -46,10 +46,11 @@ def _fwd(x: torch.Tensor, weight: torch.Tensor | None, eps: float,
                 m = x.numel() // n
                 rstd = R.empty_f32(x.shape, dev, per_row=True) if store_rstd else None
                 if m:
+                    grid = -(-m // rows) * cluster
                     rp = rstd.data_ptr() if store_rstd else 0
                     # Positional, in the order of KERNELS["rmsnorm_fwd"].args (x, w, y, rstd, rows,
                     # x_stride, y_stride): no names to look up on this path.
-                    R.launch(dev, h, grid(m), xp, wp, yp, rp, m, n, n)
+                    R.launch(dev, h, grid, xp, wp, yp, rp, m, n, n)
                 return y, rstd
     eps = check_eps(eps)
     dt = check_input(x, "x")
@@ -66,7 +67,7 @@ def _fwd(x: torch.Tensor, weight: torch.Tensor | None, eps: float,
         wdt = L.TORCH_DTYPES[w.dtype] if w is not None else dt
         p = R.plan("rmsnorm_fwd", dev, n, dt, wdt, eps, w is not None, store_rstd, vec)
         if vec * x.element_size() == 16 and x2 is x:
-            _FWD_SEEN[_fwd_key(x, weight, eps, store_rstd)] = (p.handle, p.grid)
+            _FWD_SEEN[_fwd_key(x, weight, eps, store_rstd)] = (p.handle, p.layout.rows, p.layout.cluster)
         with R.on_device(dev):
             p.handle.launch_named(p.grid(m), L.stream(dev), x=x2.data_ptr(), w=w.data_ptr() if w is not None else 0,
                                   y=y.data_ptr(), rstd=rstd.data_ptr() if store_rstd else 0, rows=m, x_stride=xs,
