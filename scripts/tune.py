@@ -20,12 +20,18 @@ import os
 import sys
 
 VARIANTS = {  # (op, N, dtype): layouts to compare, as NORMIR_TPR values ("0": the policy's)
-    # v152: the fused add's LayerNorm forward at 32768-65536 (8 blocks of 128, held) with pass 2's
-    # casts by words (ptxas: 96 registers for 128 at 65536, 68 for 72 at 32768) and caps that
-    # they allow; its backward at 32768 with the words.
-    ("add_ln_fwd", 65536, "bf16"): ("0", "0w1", "128x8m5w1", "128x8m6w1"),
-    ("add_ln_fwd", 32768, "bf16"): ("0", "0w1", "128x8m8w1"),
-    ("add_ln_bwd", 32768, "bf16"): ("0", "0w1"),
+    # v154: LayerNorm's forwards, run on two builds: pass 1's shift off every element (a) or off
+    # each chunk's mean (b, SHIFT_CHUNKS: 16-bit rows, one subtraction an element fewer).
+    ("ln_fwd", 1024, "bf16"): ("0",),
+    ("ln_fwd", 4096, "bf16"): ("0",),
+    ("ln_fwd", 7168, "bf16"): ("0",),
+    ("ln_fwd", 8192, "bf16"): ("0",),
+    ("ln_fwd", 16384, "bf16"): ("0",),
+    ("ln_fwd", 32768, "bf16"): ("0",),
+    ("ln_fwd", 65536, "bf16"): ("0",),
+    ("add_ln_fwd", 4096, "bf16"): ("0",),
+    ("add_ln_fwd", 32768, "bf16"): ("0",),
+    ("add_ln_fwd", 65536, "bf16"): ("0",),
 }
 KERNEL = {"fwd": "rmsnorm_fwd", "bwd": "rmsnorm_bwd", "add_fwd": "fused_add_rmsnorm_fwd",
           "add_bwd": "fused_add_rmsnorm_bwd", "ln_fwd": "layernorm_fwd", "ln_bwd": "layernorm_bwd",
