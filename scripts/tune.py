@@ -20,18 +20,14 @@ import os
 import sys
 
 VARIANTS = {  # (op, N, dtype): layouts to compare, as NORMIR_TPR values ("0": the policy's)
-    # v154: LayerNorm's forwards, run on two builds: pass 1's shift off every element (a) or off
-    # each chunk's mean (b, SHIFT_CHUNKS: 16-bit rows, one subtraction an element fewer).
-    ("ln_fwd", 1024, "bf16"): ("0",),
-    ("ln_fwd", 4096, "bf16"): ("0",),
-    ("ln_fwd", 7168, "bf16"): ("0",),
-    ("ln_fwd", 8192, "bf16"): ("0",),
-    ("ln_fwd", 16384, "bf16"): ("0",),
+    # v157: the forwards run on four builds: today's kernel (0), and the first 1, 2 or 3 chunks of
+    # w and b loaded before the row reduction and the cluster exchange, held for pass 2 (o1-o3).
     ("ln_fwd", 32768, "bf16"): ("0",),
-    ("ln_fwd", 65536, "bf16"): ("0",),
-    ("add_ln_fwd", 4096, "bf16"): ("0",),
+    ("ln_fwd", 65536, "bf16"): ("0", "256x4m3", "128x8m6"),  # and in 16-byte chunks (v156)
     ("add_ln_fwd", 32768, "bf16"): ("0",),
     ("add_ln_fwd", 65536, "bf16"): ("0",),
+    ("fwd", 65536, "bf16"): ("0",),
+    ("add_fwd", 65536, "bf16"): ("0",),
 }
 KERNEL = {"fwd": "rmsnorm_fwd", "bwd": "rmsnorm_bwd", "add_fwd": "fused_add_rmsnorm_fwd",
           "add_bwd": "fused_add_rmsnorm_bwd", "ln_fwd": "layernorm_fwd", "ln_bwd": "layernorm_bwd",
