@@ -68,6 +68,7 @@ FWD_BATCH_MAX_TPR = 512  # streamed rows batch pass 2's loads up to this many th
 MAX_CLUSTER = 8  # blocks of a thread-block cluster that share one row (the portable limit)
 FWD_WIDE_CLUSTER = 4  # one-pass rows that fill a 1024-thread block: blocks per row (see row_layout)
 FWD_WIDE_SUMS_CLUSTER = 8  # the fused add's LayerNorm forward, long rows: blocks per row (_wide_sums_held)
+FWD_OVERLAP, FWD_OVERLAP_MIN_K = 2, 8  # held forward rows over a cluster: w's and b's first chunks early (_overlap)
 FWD_TWO_BLOCKS_THREADS = 768  # a streamed forward row of this many threads or more: capped for 2 blocks (_two_blocks)
 # Persistent kernels split rows whose column sums need more than this many registers per thread:
 # with 64 (N=32768 bf16 in one 512-thread block) ptxas caps the block at 128 registers and spills.
@@ -335,10 +336,35 @@ def _overlap(opts: Options, lay: Layout, persistent: bool) -> Layout:
     32768 and +21% at 65536 (*tune-v27*). With both column sums in shared memory (LayerNorm's rows
     of 4 chunks over a cluster, db_smem 3) all 4 gained 3% at 65536 (3290-3319 against 3180-3223)
     and tied at 49152 (6 warps); beside d_residual_out 3 gained 1-2% (65536, 49152; *tune-v136*),
-    not taken: 3 spilled in RMSNorm's fused add with a bias."""
+    not taken: 3 spilled in RMSNorm's fused add with a bias.
+
+    A forward whose rows are held over a cluster in FWD_OVERLAP_MIN_K chunks or more loads pass 2's
+    first FWD_OVERLAP chunks of w and b before the row's reductions, their latency under the
+    barrier and the exchange's wait (*tune-v157*, bf16, two runs of two placements): LayerNorm's
+    forward at 65536 (256 x 4 blocks, 16 chunks) 3582-3603 GB/s against 3560-3576, its fused add's
+    (128 x 8, 8 chunks) 3974-3988 against 3946-3964, RMSNorm's and its fused add's at 65536 a tie
+    (4005-4036 against 3980-4033; 4048-4104 against 4057-4103). 1 chunk tied, 3 lost (ptxas: a
+    block fewer, or the 64-register cap's schedule); the fused add's LayerNorm at 32768 (4 chunks)
+    lost 1% with 1 or 2 (a block fewer), LayerNorm's held 2880 (one block) tied. 16-bit rows, w and
+    b only (measured in bf16)."""
     if isinstance(opts.overlap, bool) or not isinstance(opts.overlap, int) or not -1 <= opts.overlap <= lay.k:
         raise ValueError(f"overlap={opts.overlap!r}: choose -1 (the policy's), 0 (none) or a chunk count up to "
                          f"K={lay.k}")
+    if not persistent:  # a forward: pass 2's first chunks of w and b loaded before the reductions
+        if opts.overlap > 0 and (not lay.cache_row or lay.stage):
+            raise ValueError(f"overlap={opts.overlap}: a forward loads pass 2's chunks of w and b early only where "
+                             f"its rows are held in registers (N={opts.n} here: "
+                             f"{'staged' if lay.stage else 'read again'}); use -1 or 0")
+        # Without w and b there is nothing to load early (PREFETCH_W's rule too).
+        wb = opts.has_weight or bool(opts.bdtype)
+        # 16-bit rows, w and b only: fp32 ones take twice the registers early (ptxas at the 64-register
+        # cap: 8 bytes spilled for f32 rows at 65536, 24 for a bf16 row's fp32 w and b).
+        narrow = max(DTYPES[t] for t in (opts.dtype, *(opts.wdtype,) * opts.has_weight, opts.bdtype) if t) <= 2
+        # Blocks of up to 512 threads: in larger ones (576-1024 threads, 64-96 registers) ptxas spilled
+        # 4-220 bytes more with them early.
+        policy = FWD_OVERLAP if lay.cache_row and not lay.stage and lay.cluster > 1 and lay.k >= FWD_OVERLAP_MIN_K \
+            and narrow and lay.block <= MAX_THREADS // 2 else 0
+        return replace(lay, overlap=(policy if opts.overlap == -1 else opts.overlap) if wb else 0)
     overlappable = persistent and lay.cluster > 1 and lay.dw_regs and not lay.cache_row and not lay.stage
     if opts.overlap > 0 and not overlappable:
         raise ValueError(f"overlap={opts.overlap} needs a persistent kernel (a backward) with rows split over a "

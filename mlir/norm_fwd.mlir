@@ -32,11 +32,13 @@
 // through row_io (one splice per tensor); with HINT_LD / HINT_ST their loads and stores carry
 // cache policies (the first read that pass 2 repeats keeps its lines in L2; a row's last read and
 // the stores evict first).
+// With OVERLAP_K > 0 (rows held) pass 2's first OVERLAP_K chunks of w and b are loaded before the
+// row's reductions and kept in private arrays (wbuf, bbuf), their latency under the waits.
 //
 // Placeholders: N, the element types T (x), RT (residual), HT (h, residual_out), YT (y), WT
 // (weight), BT (bias), with per type ALIGN_*, EB_* (bytes per element), EXT_* (cast to f32) and
 // TRUNC_* (cast from f32), X_TO_H; V, ALIGN, EB, W_ALIGN, BLOCK, ROWS, TPR, WPR, K, KFULL,
-// NCHUNK, CLUSTER, NSUB, NR, FWD_ACC; the flags HAS_MEAN, HAS_WEIGHT, HAS_RESIDUAL, STORE_RESIDUAL, HAS_BIAS,
+// NCHUNK, CLUSTER, NSUB, NR, FWD_ACC, OVERLAP_K; the flags HAS_MEAN, HAS_WEIGHT, HAS_RESIDUAL, STORE_RESIDUAL, HAS_BIAS,
 // HAS_OFFSET, STORE_RSTD, CACHE_ROW, PREFETCH_W (weight chunks loaded in pass 1), BATCH_RELOAD, TWO_PASS;
 // WEIGHT_OFFSET; TARGET (gpu.module target attribute), KERNEL_ATTRS (a register bound), ENTRY,
 // ARGS (the signature, from the kernel catalogue) and ABSENT (the template's tensors a kernel
@@ -69,7 +71,8 @@ gpu.module @normir [${TARGET}] {
       ${ARGS})
       workgroup(%red: memref<${NR}x${WPR}xf32, #gpu.address_space<workgroup>>)
       private(%xbuf: memref<${K}x${V}x${HT}, #gpu.address_space<private>>,
-              %wbuf: memref<${K}x${V}x${WT}, #gpu.address_space<private>>)
+              %wbuf: memref<${K}x${V}x${WT}, #gpu.address_space<private>>,
+              %bbuf: memref<${K}x${V}x${BT}, #gpu.address_space<private>>)
       kernel attributes {known_block_size = array<i32: ${BLOCK}, 1, 1>${KERNEL_ATTRS}} {
 ${ABSENT}
     %c0 = arith.constant 0 : index
@@ -92,6 +95,7 @@ ${ABSENT}
     %true = arith.constant true
     %batch_reload = arith.constant ${BATCH_RELOAD}
     %two_pass = arith.constant ${TWO_PASS}
+    %overlap_k = arith.constant ${OVERLAP_K} : index
     %zero_f = arith.constant 0.0 : f32
     %zero_acc = arith.constant dense<0.0> : ${FWD_ACC}
     %false = arith.constant false
@@ -173,6 +177,21 @@ ${ABSENT}
           %xs = arith.subf %xf, %shift_v : vector<${V}xf32>
           %acc_next = func.call @normir_fwd_acc(%acc, %xs, %live, %k) : (${FWD_ACC}, vector<${V}xf32>, i1, index) -> ${FWD_ACC}
           affine.yield %acc_next : ${FWD_ACC}
+        }
+        // OVERLAP_K (rows held): pass 2's first chunks of w and b, loaded before the reductions, so
+        // that their latency passes under the block's barrier and the cluster exchange's wait.
+        affine.for %k = 0 to ${OVERLAP_K} {
+          // normir:splice common/chunk.mlir LIVE=live
+          scf.if %live {
+            scf.if %has_weight {
+              %early_w = vector.load %w_arg[%col] {alignment = ${W_ALIGN}} : memref<${N}x${WT}>, vector<${V}x${WT}>
+              vector.store %early_w, %wbuf[%k, %c0] : memref<${K}x${V}x${WT}, #gpu.address_space<private>>, vector<${V}x${WT}>
+            }
+            scf.if %has_bias {
+              %early_b = vector.load %b_arg[%col] {alignment = ${ALIGN_BT}} : memref<${N}x${BT}>, vector<${V}x${BT}>
+              vector.store %early_b, %bbuf[%k, %c0] : memref<${K}x${V}x${BT}, #gpu.address_space<private>>, vector<${V}x${BT}>
+            }
+          }
         }
         // The chunks this thread owns: KFULL, and the masked one where it is inside the part.
         %k_tail = arith.constant ${K} : index
@@ -270,7 +289,9 @@ ${ABSENT}
             %xn = func.call @normir_fwd_norm(%xs, %rstd_v, %mean_v)
                 : (vector<${V}xf32>, vector<${V}xf32>, vector<${V}xf32>) -> vector<${V}xf32>
             %yf = scf.if %has_weight -> (vector<${V}xf32>) {
-              %wv = scf.if %w_held -> (vector<${V}x${WT}>) {
+              %w_early = arith.cmpi ult, %k, %overlap_k : index
+              %w_in_buf = arith.ori %w_held, %w_early : i1
+              %wv = scf.if %w_in_buf -> (vector<${V}x${WT}>) {
                 %v = vector.load %wbuf[%k, %c0] : memref<${K}x${V}x${WT}, #gpu.address_space<private>>, vector<${V}x${WT}>
                 scf.yield %v : vector<${V}x${WT}>
               } else {
@@ -290,7 +311,14 @@ ${ABSENT}
               scf.yield %xn : vector<${V}xf32>
             }
             %yb = scf.if %has_bias -> (vector<${V}xf32>) {
-              %bv = vector.load %b_arg[%col] {alignment = ${ALIGN_BT}} : memref<${N}x${BT}>, vector<${V}x${BT}>
+              %b_early = arith.cmpi ult, %k, %overlap_k : index
+              %bv = scf.if %b_early -> (vector<${V}x${BT}>) {
+                %v = vector.load %bbuf[%k, %c0] : memref<${K}x${V}x${BT}, #gpu.address_space<private>>, vector<${V}x${BT}>
+                scf.yield %v : vector<${V}x${BT}>
+              } else {
+                %v = vector.load %b_arg[%col] {alignment = ${ALIGN_BT}} : memref<${N}x${BT}>, vector<${V}x${BT}>
+                scf.yield %v : vector<${V}x${BT}>
+              }
               %bf = func.call @normir_late_ext_b(%bv) : (vector<${V}x${BT}>) -> vector<${V}xf32>
               %yb1 = arith.addf %yf, %bf ${WB_CONTRACT} : vector<${V}xf32>
               scf.yield %yb1 : vector<${V}xf32>

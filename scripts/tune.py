@@ -20,14 +20,14 @@ import os
 import sys
 
 VARIANTS = {  # (op, N, dtype): layouts to compare, as NORMIR_TPR values ("0": the policy's)
-    # v157: the forwards run on four builds: today's kernel (0), and the first 1, 2 or 3 chunks of
-    # w and b loaded before the row reduction and the cluster exchange, held for pass 2 (o1-o3).
-    ("ln_fwd", 32768, "bf16"): ("0",),
-    ("ln_fwd", 65536, "bf16"): ("0", "256x4m3", "128x8m6"),  # and in 16-byte chunks (v156)
-    ("add_ln_fwd", 32768, "bf16"): ("0",),
-    ("add_ln_fwd", 65536, "bf16"): ("0",),
-    ("fwd", 65536, "bf16"): ("0",),
-    ("add_fwd", 65536, "bf16"): ("0",),
+    # v157: the held forwards with pass 2's first 1-3 chunks of w and b loaded before the row's
+    # reductions (o1-o3: overlap for a forward); LayerNorm's 65536 in 16-byte chunks with 2 (v156).
+    ("ln_fwd", 65536, "bf16"): ("0", "0o1", "0o2", "0o3", "256x4m3o2", "128x8m6o2"),
+    ("ln_fwd", 2880, "bf16"): ("0", "0o1", "0o2"),
+    ("add_ln_fwd", 32768, "bf16"): ("0", "0o1", "0o2", "0o3"),
+    ("add_ln_fwd", 65536, "bf16"): ("0", "0o1", "0o2", "0o3"),
+    ("fwd", 65536, "bf16"): ("0", "0o1", "0o2", "0o3"),
+    ("add_fwd", 65536, "bf16"): ("0", "0o1", "0o2", "0o3"),
 }
 KERNEL = {"fwd": "rmsnorm_fwd", "bwd": "rmsnorm_bwd", "add_fwd": "fused_add_rmsnorm_fwd",
           "add_bwd": "fused_add_rmsnorm_bwd", "ln_fwd": "layernorm_fwd", "ln_bwd": "layernorm_bwd",

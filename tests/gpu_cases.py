@@ -47,6 +47,7 @@ FORCED_CASES = (
     (16384, "f16", {}, {"cache_row": 0}),  # without a weight: re-read, not staged
     (32768, "bf16", {"cluster": 2}, {}),  # the forward over 2 blocks (pushes)
     (65536, "f16", {"cluster": 4}, {"overlap": 4}),  # 4 blocks, all of pass 2 inside the exchange
+    (65536, "bf16", {"overlap": 4}, {}),  # the forward held over a cluster: w's first 4 chunks before the reductions
 )
 OTHER_WEIGHT_N = (100, 2880, 65536)  # test_weight_in_another_dtype: each type read in its own
 # (N, dtype) for the backward without a weight, whose policy differs (layout._cache_row):

@@ -526,8 +526,13 @@ def test_overlap_policy():
         Options(kernel="rmsnorm_bwd", n=16384, overlap=2)
     with pytest.raises(ValueError, match=r"^overlap=5: choose -1 \(the policy's\), 0 \(none\) or a chunk count up to K=4"):
         Options(kernel="rmsnorm_bwd", n=32768, overlap=5)
-    with pytest.raises(ValueError, match=r"^overlap=1 needs a persistent kernel \(a backward\)"):
-        Options(kernel="rmsnorm_fwd", n=65536, dtype="f32", wdtype="f32", overlap=1)
+    # A forward with its rows held: pass 2's first chunks of w and b loaded before the reductions.
+    fwd = Options(kernel="rmsnorm_fwd", n=65536, dtype="f32", wdtype="f32", overlap=1).layout
+    assert fwd.cache_row and fwd.overlap == 1
+    assert Options(kernel="rmsnorm_fwd", n=65536, has_weight=False, overlap=1).layout.overlap == 0  # nothing to load
+    with pytest.raises(ValueError, match=r"^overlap=1: a forward loads pass 2's chunks of w and b early only where "
+                                         r"its rows are held in registers \(N=4096 here: read again\)"):
+        Options(kernel="rmsnorm_fwd", n=4096, overlap=1)
 
 
 def test_no_weight_policy():
