@@ -362,7 +362,8 @@ def _parser() -> argparse.ArgumentParser:
                    "4 (reads repeated later evict last), 16 (loads ask L1 to keep their lines), "
                    "32 (last reads ask L1 to evict them first); 0 none, -1 the policy's")
     c.add_argument("--overlap", type=int, default=-1,
-                   help="backward over a cluster: pass 2's chunks loaded inside the cluster exchange (-1: the policy's)")
+                   help="backward over a cluster: pass 2's chunks loaded inside the cluster exchange; forward with "
+                        "rows held: pass 2's first chunks of w and b loaded before the reductions (-1: the policy's)")
     c.add_argument("--cache-row", type=int, default=-1, choices=(-1, 0, 1),
                    help="hold the row (x; the backward's x and dy) in registers between the passes (1) or "
                         "read it again (0)")

@@ -110,7 +110,7 @@ class Layout:
     min_blocks: int = 0  # blocks that must fit one multiprocessor (caps registers per thread); 0: no cap
     max_regs: int = 0  # registers a thread may take at most (forced, or _rows_cap's); 0: no cap
     hints: int = 0  # cache hints, a sum of the HINT_* bits (loads of the rows read, stores of those written)
-    overlap: int = 0  # persistent over a cluster: pass 2's first chunks loaded between posting the total and the wait
+    overlap: int = 0  # pass 2's first chunks loaded early (a backward's in the exchange, a held forward's w and b)
     db_smem: int = 0  # persistent with a bias: db's column sums in shared memory, each thread its own (Options.db_smem)
     cast_words: bool = False  # the forward's pass-2 bf16 casts by 32-bit words, x_hat * w + b one fma (_cast_words)
     two_pass: bool = False  # LayerNorm's held rows: the variance by a second pass over the held chunks (_two_pass)

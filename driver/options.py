@@ -67,7 +67,8 @@ class Options:
     min_blocks: int = 0  # NVVM: blocks per multiprocessor the registers must allow; 0: the policy's
     max_regs: int = 0  # NVVM: registers a thread may take at most (PTX .maxnreg); 0: ptxas's choice
     hints: int = -1  # cache hints, a sum of the layout.HINT_* bits (0: none); -1: the policy's
-    overlap: int = -1  # persistent over a cluster: pass 2's chunks loaded inside the exchange (0: none); -1: policy
+    overlap: int = -1  # pass 2's chunks loaded early: a backward's inside the exchange, a held forward's w and b
+    # before the reductions (0: none); -1: policy
     cache_row: int = -1  # 1/0: the rows read held in registers between the passes, or read again; -1: policy
     batch_reload: int = -1  # rows read twice, 1/0: pass 2 loads all its chunks before computing or not; -1: policy
     db_smem: int = -1  # backward with a bias: db's column sums in shared memory (1; 2 in conflict-free quarters; 3 dw's

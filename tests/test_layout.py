@@ -533,6 +533,18 @@ def test_overlap_policy():
     with pytest.raises(ValueError, match=r"^overlap=1: a forward loads pass 2's chunks of w and b early only where "
                                          r"its rows are held in registers \(N=4096 here: read again\)"):
         Options(kernel="rmsnorm_fwd", n=4096, overlap=1)
+    # The forwards' policy: 2 where rows are held over a cluster in 8+ chunks, blocks of <= 512
+    # threads, 16-bit x, w and b (LayerNorm's 65536: 256 x 4 of 16 chunks; its fused add's: 128 x 8 of 8).
+    def fwd_overlap(**kw):
+        return Options(**{"kernel": "layernorm_fwd", "n": 65536, "bdtype": "bf16", **kw}).layout.overlap
+
+    assert fwd_overlap() == fwd_overlap(rdtype="bf16", store_residual=True) == fwd_overlap(bdtype="") == 2
+    assert Options(kernel="rmsnorm_fwd", n=65536).layout.overlap == 2
+    assert fwd_overlap(dtype="f32", wdtype="f32", bdtype="f32") == 0  # fp32 rows spilled with it
+    assert fwd_overlap(wdtype="f32", bdtype="f32") == 0  # fp32 w and b spilled with it
+    assert fwd_overlap(n=131072) == 0  # 1024-thread blocks spilled with it
+    assert fwd_overlap(n=32768, rdtype="bf16", store_residual=True) == 0  # 4 chunks: a block fewer
+    assert fwd_overlap(n=2880) == fwd_overlap(target="gfx950") == 0  # one block; no clusters
 
 
 def test_no_weight_policy():
