@@ -355,16 +355,16 @@ def _overlap(opts: Options, lay: Layout, persistent: bool) -> Layout:
             raise ValueError(f"overlap={opts.overlap}: a forward loads pass 2's chunks of w and b early only where "
                              f"its rows are held in registers (N={opts.n} here: "
                              f"{'staged' if lay.stage else 'read again'}); use -1 or 0")
-        # Without w and b there is nothing to load early (PREFETCH_W's rule too).
-        wb = opts.has_weight or bool(opts.bdtype)
+        wb_types = ((opts.wdtype,) if opts.has_weight else ()) + ((opts.bdtype,) if opts.bdtype else ())
         # 16-bit rows, w and b only: fp32 ones take twice the registers early (ptxas at the 64-register
         # cap: 8 bytes spilled for f32 rows at 65536, 24 for a bf16 row's fp32 w and b).
-        narrow = max(DTYPES[t] for t in (opts.dtype, *(opts.wdtype,) * opts.has_weight, opts.bdtype) if t) <= 2
+        narrow = max(DTYPES[t] for t in (opts.dtype, *wb_types)) <= 2
         # Blocks of up to 512 threads: in larger ones (576-1024 threads, 64-96 registers) ptxas spilled
         # 4-220 bytes more with them early.
         policy = FWD_OVERLAP if lay.cache_row and not lay.stage and lay.cluster > 1 and lay.k >= FWD_OVERLAP_MIN_K \
             and narrow and lay.block <= MAX_THREADS // 2 else 0
-        return replace(lay, overlap=(policy if opts.overlap == -1 else opts.overlap) if wb else 0)
+        # Without w and b there is nothing to load early (PREFETCH_W's rule too).
+        return replace(lay, overlap=(policy if opts.overlap == -1 else opts.overlap) if wb_types else 0)
     overlappable = persistent and lay.cluster > 1 and lay.dw_regs and not lay.cache_row and not lay.stage
     if opts.overlap > 0 and not overlappable:
         raise ValueError(f"overlap={opts.overlap} needs a persistent kernel (a backward) with rows split over a "
