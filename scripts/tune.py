@@ -20,13 +20,11 @@ import os
 import sys
 
 VARIANTS = {  # (op, N, dtype): layouts to compare, as NORMIR_TPR values ("0": the policy's)
-    # v162 (two builds: the committed template, and w kept in 16-bit words between its uses):
-    # LayerNorm's backwards at 32768-65536 in RMSNorm's layout (512 threads of 4 chunks read again,
-    # dw's sums in registers) with db's in 16-byte quarters of dynamic shared memory (d2, 64 KB).
-    ("ln_bwd", 32768, "bf16"): ("0", "512x2d2", "512x2o1d2", "512x2o0d2"),
-    ("ln_bwd", 65536, "bf16"): ("0", "512x4d2", "512x4o1d2", "512x4o0d2"),
-    ("add_ln_bwd", 32768, "bf16"): ("0", "512x2o1d2", "512x2o0d2"),
-    ("add_ln_bwd", 65536, "bf16"): ("0", "512x4o1d2", "512x4o0d2"),
+    # v163 (two builds: the committed template, and w kept in 16-bit words between its uses): the
+    # fused add's RMSNorm backward in blocks of 256 over twice the cluster, 2 a multiprocessor, so
+    # that two clusters' phases interleave on each multiprocessor; rows held (r1) in the words build.
+    ("add_bwd", 65536, "bf16"): ("0", "0r1", "256x8m2", "256x8m2o1", "256x8m2r1"),
+    ("add_bwd", 32768, "bf16"): ("0", "0r1", "256x4m2", "256x4m2r1"),
 }
 KERNEL = {"fwd": "rmsnorm_fwd", "bwd": "rmsnorm_bwd", "add_fwd": "fused_add_rmsnorm_fwd",
           "add_bwd": "fused_add_rmsnorm_bwd", "ln_fwd": "layernorm_fwd", "ln_bwd": "layernorm_bwd",
