@@ -37,7 +37,7 @@ class UsageError(ValueError):
 
 # Options fields set by compile's flags (the flag is the field with - for _), with their defaults.
 _LAYOUT_FLAGS = ("tpr", "cluster", "l2_prefetch", "stage", "min_blocks", "max_regs", "hints", "overlap",
-                 "cache_row", "batch_reload", "db_smem", "cast_words", "two_pass")
+                 "cache_row", "batch_reload", "db_smem", "cast_words", "two_pass", "stage_dres")
 
 
 # ... and the fused ops' features (kernels.KernelSpec.features), under the same rule.
@@ -380,6 +380,9 @@ def _parser() -> argparse.ArgumentParser:
     c.add_argument("--cast-words", type=int, default=-1, choices=(-1, 0, 1),
                    help="pass 2's bf16 casts by 32-bit words, one instruction an element (1; the forward's "
                         "x_hat * w + b as one fma), or element by element (0)")
+    c.add_argument("--stage-dres", type=int, default=-1, choices=(-1, 0, 1),
+                   help="a backward's d_residual_out copied into shared memory by asynchronous copies in pass 1, "
+                        "read from there in pass 2 (1), or loaded in pass 2 (0)")
     c.add_argument("--set", action="append", metavar="NAME=VALUE",
                    help="fill a placeholder the text uses with VALUE (not the layout's: use the knobs above)")
     c.add_argument("--include", action="append", metavar="DIR",

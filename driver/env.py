@@ -54,7 +54,8 @@ TPR = EnvVar(
     "the backward's db sums in shared memory (d1; d2 in conflict-free quarters; d3 dw's too) or "
     "registers (d0), a cap on a thread's registers (n64: NVVM maxnreg), and pass 2's bf16 casts by "
     "32-bit words (w1) or element by element (w0), LayerNorm's held forward's variance by a "
-    "second pass (t1) or Chan's merges (t0), for given kernels and N, e.g. "
+    "second pass (t1) or Chan's merges (t0), a backward's d_residual_out copied into shared memory "
+    "in pass 1 (g1) or loaded in pass 2 (g0), for given kernels and N, e.g. "
     "'rmsnorm_fwd:65536=512x2p0,rmsnorm_bwd:16384=512s1h3' (0 keeps the policy's)",
 )
 TARGET = EnvVar("NORMIR_TARGET", "", "override the target chip picked from the torch device (e.g. sm_90)")

@@ -46,21 +46,21 @@ def device_target(index: int) -> str:
 
 
 _TPR_ITEM = re.compile(r"(\w+):(\d+)=(\d+)(?:x(\d+))?(?:p([01]))?(?:s([01]))?(?:m(\d+))?(?:h(\d+))?(?:v(\d+))?"
-                       r"(?:o(\d+))?(?:r([01]))?(?:b([01]))?(?:d([0-3]))?(?:n(\d+))?(?:w([01]))?(?:t([01]))?")
+                       r"(?:o(\d+))?(?:r([01]))?(?:b([01]))?(?:d([0-3]))?(?:n(\d+))?(?:w([01]))?(?:t([01]))?(?:g([01]))?")
 
 
 def tpr_overrides() -> dict[tuple[str, int], dict[str, int]]:
     """NORMIR_TPR parsed: {(kernel, n): Options fields}: tpr (threads per row), cluster (blocks
     per row), l2_prefetch, stage, min_blocks, hints, vec (elements per vector access, at most
     what the tensors' alignment allows), overlap, cache_row, batch_reload (b), db_smem (d) and
-    max_regs (n), cast_words (w) and two_pass (t); the policy's values (0, 0, -1, -1, 0, -1, 0, -1, -1,
-    -1, -1, 0, -1, -1) where omitted."""
+    max_regs (n), cast_words (w), two_pass (t) and stage_dres (g); the policy's values (0, 0, -1, -1, 0,
+    -1, 0, -1, -1, -1, -1, 0, -1, -1, -1) where omitted."""
     out = {}
     for item in filter(None, (p.strip() for p in env.TPR.get().split(","))):
         m = _TPR_ITEM.fullmatch(item)
         if m is None:
             raise ValueError(f"NORMIR_TPR item {item!r} is not KERNEL:N=TPR[xCLUSTER][p0|p1][s0|s1][mBLOCKS]"
-                             "[hHINTS][vVEC][oCHUNKS][r0|r1][b0|b1][d0-d3][nREGS][w0|w1][t0|t1] "
+                             "[hHINTS][vVEC][oCHUNKS][r0|r1][b0|b1][d0-d3][nREGS][w0|w1][t0|t1][g0|g1] "
                              "(e.g. rmsnorm_bwd:65536=512x2p0s1m2h1)")
         out[(m[1], int(m[2]))] = dict(tpr=int(m[3]), cluster=int(m[4] or 0), l2_prefetch=int(m[5]) if m[5] else -1,
                                       stage=int(m[6]) if m[6] else -1, min_blocks=int(m[7] or 0),
@@ -69,7 +69,8 @@ def tpr_overrides() -> dict[tuple[str, int], dict[str, int]]:
                                       batch_reload=int(m[12]) if m[12] else -1,
                                       db_smem=int(m[13]) if m[13] else -1, max_regs=int(m[14] or 0),
                                       cast_words=int(m[15]) if m[15] else -1,
-                                      two_pass=int(m[16]) if m[16] else -1)
+                                      two_pass=int(m[16]) if m[16] else -1,
+                                      stage_dres=int(m[17]) if m[17] else -1)
     return out
 
 

@@ -86,6 +86,7 @@ BWD_NARROW_REGS = 64  # registers a thread of those rows (ptxas: 45-62, bf16, 21
 BWD_HALF_MAX_FILL = 0.875  # the fused add's masked rows take half-width chunks up to this share filled (_even_bwd)
 BWD_ROWS_CAP_REGS = 136  # the fused add's LayerNorm backward in blocks of several rows: its cap (_rows_cap)
 WORDS_MAX_HELD = 32  # a forward's held rows of at most this many elements a thread take the casts in words
+HELD_QUAD_THREADS = 256  # LayerNorm's long bf16 backward rows held in 4 chunks a thread: threads a block (_held_quads)
 
 
 @dataclass(frozen=True)
@@ -114,6 +115,7 @@ class Layout:
     db_smem: int = 0  # persistent with a bias: db's column sums in shared memory, each thread its own (Options.db_smem)
     cast_words: bool = False  # the forward's pass-2 bf16 casts by 32-bit words, x_hat * w + b one fma (_cast_words)
     two_pass: bool = False  # LayerNorm's held rows: the variance by a second pass over the held chunks (_two_pass)
+    stage_dres: bool = False  # d_residual_out copied into shared memory in pass 1, read there in pass 2 (_stage_dres)
 
     @property
     def slot_bytes(self) -> int:
@@ -126,11 +128,18 @@ class Layout:
         return self.db_smem >= 2 and self.slot_bytes > MAX_DB_SMEM_BYTES
 
     @property
-    def smem_bytes(self) -> int:
-        """Dynamic shared memory per block: the STAGE buffers, or the slots past the static limit."""
+    def dres_at(self) -> int:
+        """Where STAGE_DRES's chunks begin in the dynamic shared memory: past the STAGE buffers, or
+        past the slots there."""
         if self.stage:
             return self.stage_buffers * self.k * self.block * MAX_VECTOR_BYTES
         return self.slot_bytes if self.dyn_slots else 0
+
+    @property
+    def smem_bytes(self) -> int:
+        """Dynamic shared memory per block: the STAGE buffers or the slots past the static limit, then
+        STAGE_DRES's chunks."""
+        return self.dres_at + (self.k * self.block * MAX_VECTOR_BYTES if self.stage_dres else 0)
 
     @property
     def nsub(self) -> int:
@@ -243,12 +252,78 @@ def decide(opts: Options, tgt: targets.Target, spec: KernelSpec) -> Layout:
         lay = replace(lay, prefetch_w=False)  # the weight's registers must fit the cap too
     lay = _db_smem(opts, lay, tgt, work, persistent)
     lay = _overlap(opts, lay, persistent)  # after db_smem: both sums in shared memory free registers for it
+    lay = _held_quads(opts, tgt, work, lay, persistent)
     lay = _cast_words(opts, tgt, work, lay, persistent)
     lay = _two_pass(opts, tgt, work, lay, persistent)
+    lay = _stage_dres(opts, tgt, lay, persistent)
     if lay.tpr > lay.nchunk:  # the policy's own layouts; forced ones are refused in _forced
         raise AssertionError(f"layout policy bug: {spec.name} N={opts.n} has {lay.tpr} threads per row for "
                              f"{lay.nchunk} chunks; threads without a chunk may hang the block reduction")
     return lay
+
+
+def _held_quads(opts: Options, tgt: targets.Target, work: RowWork, lay: Layout, persistent: bool) -> Layout:
+    """Long bf16 rows of a backward held in registers, 4 chunks a thread over a cluster of a power of
+    two of blocks (HELD_QUAD_THREADS threads each), where the row tensors and w are bf16 (held packed:
+    16 registers a thread for x and dy):
+
+    - LayerNorm's backwards (both column sums, moved to dynamic shared memory: db_smem 3), in
+      place of rows held in 2 chunks over twice the blocks (3 a multiprocessor at 80 registers) or,
+      at 65536, read again over 8 blocks. ptxas: 126-128 registers, 2 blocks, none spilled;
+    - the fused add's RMSNorm backward over a cluster, dw's sums in registers, in place of its rows
+      read again in blocks of 512: held with d_residual_out copied into shared memory (stage_dres),
+      whose registers the held rows need (ptxas at 128 without it: 68 bytes spilled).
+
+    On the H200 (bf16, *tune-v164*, two runs of two placements; GB/s against the policy's before):
+    LayerNorm's backward 16384 as 256 x 2 blocks 3852-3879 against 3639-3658, 32768 as 256 x 4
+    3749-3778 against 3423-3435, 65536 as 256 x 8 3727-3757 against 3404-3435; its fused add's
+    16384 3886-3907 against 3714-3738, 32768 3685-3707 against 3652-3665, 65536 3686-3704 against
+    3509-3537; RMSNorm's fused add 32768 (512 x 2) 3964-3977 against 3730-3863, 65536 (512 x 4)
+    3945-3967 against 3632-3732. Fewer blocks a row wait less on the exchange's slowest block, and
+    2 blocks of 4 chunks hold more of a row's bytes in flight than 3 of 2. LayerNorm's fused add
+    held without the staging (128 registers, no spill) lost 3-4% at 16384 and 65536 and tied at
+    32768 (*tune-v165*)."""
+    # A forced knob keeps the rules' layout, and so does stage_dres=0 (the held rows of the fused adds need it).
+    forced = (opts.tpr, opts.cluster, opts.cache_row, opts.db_smem, opts.overlap, opts.stage, opts.min_blocks,
+              opts.max_regs) != (0, 0, -1, -1, -1, -1, 0, 0) or opts.stage_dres == 0
+    if not persistent or forced or not (tgt.clusters and tgt.stage_piece and opts.has_weight) \
+            or row_types(work, opts) | {opts.wdtype} != {"bf16"}:
+        return lay
+    quads = opts.n // (HELD_QUAD_THREADS * 4 * lay.vec)  # blocks a row at 4 chunks a thread
+    if lay.vec * 2 != MAX_VECTOR_BYTES or opts.n % (HELD_QUAD_THREADS * 4 * lay.vec) or quads not in (2, 4, 8):
+        return lay
+    layer = work.sums > 1 and col_sums(work, opts) == 2  # LayerNorm's dw and db
+    # (the fused add's atomic mode, opt-in, spilled 8 bytes so)
+    fused = work.sums == 1 and opts.has_dres_out and col_sums(work, opts) == 1 and lay.cluster > 1 \
+        and not lay.cache_row and lay.k == 4 and lay.kfull == 4 and not opts.atomic_dw
+    if not (layer or fused):
+        return lay
+    if fused:  # the same threads and cluster, held
+        new = replace(lay, cache_row=True, overlap=0, stage_dres=True)
+    else:
+        new = replace(lay, tpr=HELD_QUAD_THREADS, rows=1, k=4, kfull=4, nchunk=HELD_QUAD_THREADS * 4, cluster=quads,
+                      cache_row=True, overlap=0, db_smem=3, min_blocks=0, stage_dres=opts.has_dres_out)
+    policy = opts.hints == -1 and _hintable(opts, tgt, work, new)
+    return replace(new, hints=_hint_policy(new, True, opts.has_weight) if policy else lay.hints)
+
+
+def _stage_dres(opts: Options, tgt: targets.Target, lay: Layout, persistent: bool) -> Layout:
+    """STAGE_DRES, forced or the policy's: a backward reading d_residual_out copies each row's chunks
+    of it into shared memory in pass 1 (asynchronous copies, 16 bytes a chunk, into the launch's
+    dynamic shared memory past what is there), and pass 2 reads them there, instead of asking L2
+    for them in pass 1 and loading them chunk by chunk in pass 2, each load's latency in turn. It
+    takes no registers while in flight."""
+    able = persistent and opts.has_dres_out and bool(tgt.stage_piece) and not lay.stage \
+        and lay.vec * DTYPES[opts.dtype] == MAX_VECTOR_BYTES \
+        and lay.dres_at + lay.k * lay.block * MAX_VECTOR_BYTES <= MAX_STAGE_BYTES
+    if opts.stage_dres == 1 and not able:
+        raise ValueError(f"stage_dres=1 needs a backward reading d_residual_out (has_dres_out) on a target with "
+                         f"asynchronous copies ({tgt.chip}: {'yes' if tgt.stage_piece else 'no'}), 16-byte chunks "
+                         f"(here {lay.vec * DTYPES[opts.dtype]}), the rows not staged, and its {lay.k} x "
+                         f"{lay.block} chunks within {MAX_STAGE_BYTES} bytes of shared memory; use -1 or 0")
+    # The policy's: with _held_quads' rows. Alone it lost 2-14% (the fused adds' backwards at
+    # 7168-65536 read again or held in 2 chunks; *tune-v164*), but for 2880 (+1%).
+    return replace(lay, stage_dres=lay.stage_dres if opts.stage_dres == -1 else bool(opts.stage_dres))
 
 
 def _cast_words(opts: Options, tgt: targets.Target, work: RowWork, lay: Layout, persistent: bool) -> Layout:

@@ -75,6 +75,8 @@ class Options:
     # too, in quarters) or registers (0); -1: the policy's
     two_pass: int = -1  # 1/0: LayerNorm's held rows: the variance from a second pass and a second sum, or Chan; -1: policy
     cast_words: int = -1  # 1/0: pass 2's bf16 casts by 32-bit words (forward: x_hat * w + b one fma) or not; -1: policy
+    stage_dres: int = -1  # 1/0: a backward's d_residual_out copied into shared memory in pass 1 or loaded in pass 2;
+    # -1: the policy's
     layout: Layout = field(init=False, compare=False, repr=False)
 
     def __post_init__(self) -> None:
@@ -138,6 +140,9 @@ class Options:
                    "choose 1 (the variance by a second pass over the held row), 0 (Chan's merges) or -1 (the policy's)")
         _check_int("cast_words", self.cast_words, -1, 1,
                    "choose 1 (pass 2's bf16 casts by 32-bit words), 0 (element by element) or -1 (the policy's)")
+        _check_int("stage_dres", self.stage_dres, -1, 1,
+                   "choose 1 (d_residual_out copied into shared memory in pass 1), 0 (loaded in pass 2) or -1 "
+                   "(the policy's)")
         _check_int("max_regs", self.max_regs, 0, tgt.max_regs,
                    f"must be an int from {MIN_MAX_REGS} to {tgt.max_regs} (registers a thread), or 0 (ptxas's choice)")
         if 0 < self.max_regs < MIN_MAX_REGS:

@@ -147,8 +147,11 @@ def common_values(opts: Options) -> dict[str, str]:
         or "common/prefetch_none.mlir",
         "L2_PREFETCH": _bool(lay.l2_prefetch),
         "STAGE": _bool(lay.stage),
-        # The launch's dynamic shared memory: the STAGE buffers, or the column sums' slots past static.
-        "STAGE_PIECE": tgt.stage_piece if lay.stage or lay.dyn_slots else "common/stage_none.mlir",
+        # The launch's dynamic shared memory: the STAGE buffers, or the column sums' slots past static;
+        # then STAGE_DRES's chunks of d_residual_out (from byte DRES_AT), copied by the same piece.
+        "STAGE_PIECE": tgt.stage_piece if lay.stage or lay.dyn_slots or lay.stage_dres else "common/stage_none.mlir",
+        "STAGE_DRES": _bool(lay.stage_dres),
+        "DRES_AT": str(lay.dres_at),
         "STAGE_BLOCK_BYTES": str(lay.block * MAX_VECTOR_BYTES),
         "POLICY_PIECE": tgt.policy_piece if lay.hints else "common/cache_policy_none.mlir",
         "GRID_DEP_PIECE": tgt.grid_dep_piece or "common/grid_dep_none.mlir",
@@ -186,7 +189,7 @@ def common_values(opts: Options) -> dict[str, str]:
         # d_residual_out's OVERLAP chunks loaded with them, before the exchange's wait, where the column
         # sums sit in shared memory (registers free for them): the fused add's LayerNorm backward at
         # 40960-65536 +2.7-3.4%; RMSNorm's, its sums in registers at 128 a thread, lost 1-2% (*tune-v131*).
-        "OVERLAP_DRES": _bool(lay.overlap > 0 and lay.db_smem > 0 and opts.has_dres_out),
+        "OVERLAP_DRES": _bool(lay.overlap > 0 and lay.db_smem > 0 and opts.has_dres_out and not lay.stage_dres),
         "BLOCK": str(lay.block),
         "ROWS": str(lay.rows),
         "TPR": str(lay.tpr),
@@ -222,7 +225,8 @@ def common_values(opts: Options) -> dict[str, str]:
 LAYOUT_VALUES = {
     "TPR": "--tpr", "CLUSTER": "--cluster", "CLUSTER_PIECE": "--cluster", "V": "--vec", "ALIGN": "--vec",
     "W_ALIGN": "--vec", "PART_ALIGN": "--vec", "STAGE": "--stage", "STAGE_PIECE": "--stage",
-    "STAGE_BLOCK_BYTES": "--stage", "L2_PREFETCH": "--l2-prefetch", "PREFETCH_PIECE": "--l2-prefetch",
+    "STAGE_BLOCK_BYTES": "--stage", "STAGE_DRES": "--stage-dres", "DRES_AT": "--stage-dres",
+    "L2_PREFETCH": "--l2-prefetch", "PREFETCH_PIECE": "--l2-prefetch",
     "CACHE_ROW": "--cache-row", "OVERLAP": "--overlap", "OVERLAP_K": "--overlap", "OVERLAP_DRES": "--overlap",
     "BATCH_RELOAD": "--batch-reload",
     "TWO_PASS": "--two-pass",

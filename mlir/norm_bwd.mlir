@@ -40,6 +40,12 @@
 // cluster): pass 2's first OVERLAP_K chunks are loaded between posting the block's sums
 // (cluster_post) and waiting for the peers' (cluster_read), with OVERLAP_DRES their
 // d_residual_out too (into %gbuf).
+// STAGE_DRES (with HAS_DRES_OUT): pass 1 copies the row's chunks of d_residual_out into shared
+// memory (the stage piece's asynchronous copies, each thread its own 16-byte slots [k][tid] from
+// byte DRES_AT of the dynamic shared memory), and pass 2 reads them there after waiting for its
+// own copies: their DRAM latency runs under pass 1, the reductions and the exchange, and holds no
+// registers. A thread's copies land in slots only it reads, and the next row's copies are issued
+// after its reads of this row's, so no barrier is needed.
 //
 // Placeholders: those of norm_fwd.mlir (with XT, dx's type; RT here is dresidual's; BWD_ACC for
 // FWD_ACC), plus
@@ -48,9 +54,9 @@
 // DW_SLOTS_PIECE (the quarters' get and put, or none), SLOT_Q, SLOT_H, SLOT_BUF, SLOT_LOAD,
 // SLOT_STORE, SLOTS_DYN_PIECE and SLOT_BASES (the quarters in dynamic shared memory past the static
 // limit: their byte addresses, or none), ATOMIC_DW, PART_ALIGN, L2_PREFETCH, OVERLAP, OVERLAP_K,
-// OVERLAP_DRES, STAGE, STAGE_BLOCK_BYTES, LATE_EXT_T_PIECE / LATE_EXT_YT_PIECE (pass 2's casts of x
-// and dy), the target's atomics (ATOMIC_SCOPE, ATOMIC_ATTRS), and its pieces for the L2 prefetch
-// (PREFETCH_PIECE) and staging (STAGE_PIECE).
+// OVERLAP_DRES, STAGE_DRES, DRES_AT, STAGE, STAGE_BLOCK_BYTES, LATE_EXT_T_PIECE / LATE_EXT_YT_PIECE
+// (pass 2's casts of x and dy), the target's atomics (ATOMIC_SCOPE, ATOMIC_ATTRS), and its pieces for
+// the L2 prefetch (PREFETCH_PIECE) and staging (STAGE_PIECE).
 // Tensors: x, w, dy, rstd and mean (fp32 per row), dres_out (d_residual_out), dx, dres, dw_part and
 // db_part (fp32 partial rows); scalars: rows, the row strides of x, dy, dres_out, dx and dres
 // (elements), and the grid size.
@@ -100,6 +106,7 @@ ${ABSENT}
     %overlap = arith.constant ${OVERLAP}
     %overlap_k = arith.constant ${OVERLAP_K} : index
     %overlap_dres = arith.constant ${OVERLAP_DRES}
+    %stage_dres = arith.constant ${STAGE_DRES}
     %dw_regs = arith.constant ${DW_REGS}
     %atomic_dw = arith.constant ${ATOMIC_DW}
     %l2_prefetch = arith.constant ${L2_PREFETCH}
@@ -148,6 +155,8 @@ ${ABSENT}
     %part_row = arith.addi %part_base, %slot : index
     // STAGE buffers (dynamic shared memory): [buffer][x, dy][k][thread] -> one 16-byte chunk.
     %stage_base = func.call @normir_stage_base() : () -> index
+    %dres_at = arith.constant ${DRES_AT} : index
+    %dres_slots = arith.addi %stage_base, %dres_at : index
     // The column sums' slots past static shared memory: byte addresses in the dynamic (SLOT_BASES).
     ${SLOT_BASES}
     func.call @normir_cluster_init(%tid) : (index) -> ()  // before any peer's first exchange
@@ -253,14 +262,21 @@ ${ABSENT}
           func.call @normir_prefetch_l2(%dy_base, %pfd_byte) : (index, index) -> ()
         }
         // HAS_DRES_OUT: pass 2 reads d_residual_out once, where its other reads come from
-        // registers, shared memory or L2; this row's chunk is asked into L2 now, so that the
-        // DRAM latency overlaps pass 1 and the reduction.
+        // registers, shared memory or L2; this row's chunk is asked into L2 now (or with
+        // STAGE_DRES copied into its slot), so that the DRAM latency overlaps pass 1 and the
+        // reduction.
         %pf_g = arith.andi %has_dres_out, %live : i1
         scf.if %pf_g {
           %g_row = arith.muli %row, %dres_out_stride : index
           %g_elem = arith.addi %g_row, %col : index
           %g_byte = arith.muli %g_elem, %eb : index
-          func.call @normir_prefetch_l2(%dres_out_base, %g_byte) : (index, index) -> ()
+          scf.if %stage_dres {
+            %g_at = func.call @normir_dres_slot(%dres_slots, %k, %tid) : (index, index, index) -> index
+            %g_src = arith.addi %dres_out_base, %g_byte : index
+            func.call @normir_stage_copy(%g_at, %g_src) : (index, index) -> ()
+          } else {
+            func.call @normir_prefetch_l2(%dres_out_base, %g_byte) : (index, index) -> ()
+          }
         }
         %wf = func.call @normir_bwd_weight(%w_arg, %col, %live_col, %has_weight)
             : (memref<${N}x${WT}>, index, i1, i1) -> vector<${V}xf32>
@@ -269,6 +285,9 @@ ${ABSENT}
         %acc_next = func.call @normir_bwd_acc(%acc, %xf, %dyf, %wf, %mean_v)
             : (${BWD_ACC}, vector<${V}xf32>, vector<${V}xf32>, vector<${V}xf32>, vector<${V}xf32>) -> ${BWD_ACC}
         affine.yield %acc_next : ${BWD_ACC}
+      }
+      scf.if %stage_dres {
+        func.call @normir_stage_commit() : () -> ()
       }
       %sums_thread = func.call @normir_bwd_sums(%acc_row) : (${BWD_ACC}) -> vector<${NR}xf32>
       %sums_block = func.call @normir_row_sum(%sums_thread, %tid, %red)
@@ -308,6 +327,9 @@ ${ABSENT}
         scf.yield %t : vector<${NR}xf32>
       }
       %coefs = func.call @normir_bwd_coefs(%sums, %rstd) : (vector<${NR}xf32>, f32) -> vector<${NR}xf32>
+      scf.if %stage_dres {
+        func.call @normir_stage_wait_all() : () -> ()  // this thread's copies of d_residual_out
+      }
 
       // Pass 2: dx, and the column sums (dw += gcol * x), from the stats piece.
       affine.for %k = 0 to ${K} {
@@ -348,9 +370,16 @@ ${ABSENT}
               %v = vector.load %gbuf[%k, %c0] : memref<${K}x${V}x${T}, #gpu.address_space<private>>, vector<${V}x${T}>
               scf.yield %v : vector<${V}x${T}>
             } else {
-              %false = arith.constant false
-              %v = func.call @normir_load_dres_out(%dres_out_arg, %row, %col, %rows, %dres_out_stride, %pol_first, %false)
-                  : (memref<${N}x${T}>, index, index, index, index, i64, i1) -> vector<${V}x${T}>
+              %v = scf.if %stage_dres -> (vector<${V}x${T}>) {
+                %g_at = func.call @normir_dres_slot(%dres_slots, %k, %tid) : (index, index, index) -> index
+                %s = func.call @normir_load_staged_dres_out(%g_at) : (index) -> vector<${V}x${T}>
+                scf.yield %s : vector<${V}x${T}>
+              } else {
+                %false = arith.constant false
+                %l = func.call @normir_load_dres_out(%dres_out_arg, %row, %col, %rows, %dres_out_stride, %pol_first, %false)
+                    : (memref<${N}x${T}>, index, index, index, index, i64, i1) -> vector<${V}x${T}>
+                scf.yield %l : vector<${V}x${T}>
+              }
               scf.yield %v : vector<${V}x${T}>
             }
             %gf = ${EXT_T} %gv : vector<${V}x${T}> to vector<${V}xf32>
@@ -468,6 +497,13 @@ ${ABSENT}
       scf.yield %a1, %b1 : vector<${V}x${T}>, vector<${V}x${YT}>
     }
     return %a, %b : vector<${V}x${T}>, vector<${V}x${YT}>
+  }
+
+  // STAGE_DRES: the shared byte address of this thread's slot for chunk k of d_residual_out.
+  func.func private @normir_dres_slot(%dres_slots: index, %k: index, %tid: index) -> index
+      attributes {llvm.linkage = #llvm.linkage<internal>} {
+    %at = affine.apply affine_map<(k, t)[b] -> (b + (k * ${BLOCK} + t) * 16)>(%k, %tid)[%dres_slots]
+    return %at : index
   }
 
   // Shared address of this thread's chunk k of staged tensor `tensor` (x: 0, dy: 1) in STAGE

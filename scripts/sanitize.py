@@ -30,6 +30,7 @@ from gpu_cases import (  # noqa: E402
     SANITIZE_LN,
     SANITIZE_LN_ATOMIC_N,
     SANITIZE_LN_COMBOS,
+    STAGE_DRES_CASES,
     sanitize_combos,
     tpr_value,
 )
@@ -59,6 +60,8 @@ FORCED = "rmsnorm_fwd:4096=0h23,rmsnorm_fwd:32768=0x2,rmsnorm_bwd:32768=0s1,rmsn
 # SANITIZE_LN's N.
 LN_FORCED = ",".join(f"layernorm_bwd:{n}={tpr_value(k)}" for n, k in dict(reversed(DB_SMEM_CASES)).items()
                      if n in dict(SANITIZE_LN))  # the first case of each N
+# Both fused adds' backwards with d_residual_out copied into shared memory (stage_dres), forced.
+STAGE_DRES_FORCED = ",".join(f"{kernel}:{n}={tpr_value(k)}" for kernel, n, k in STAGE_DRES_CASES)
 
 
 def main() -> None:
@@ -78,6 +81,7 @@ def main() -> None:
     bad += layernorm_cases()
     bad += layernorm_forced()
     bad += layernorm_atomic()
+    bad += stage_dres_forced()
     atomic_and_report(bad)
 
 
@@ -135,6 +139,40 @@ def layernorm_forced() -> int:
     finally:
         os.environ["NORMIR_TPR"] = ""
         launch.clear_handles()
+
+
+def stage_dres_forced() -> int:
+    """STAGE_DRES_CASES under STAGE_DRES_FORCED: each fused add's forward and backward through
+    autograd (bf16, a bias, d_residual_out), against the float64 references."""
+    os.environ["NORMIR_TPR"] = STAGE_DRES_FORCED
+    launch.clear_handles()
+    bad = 0
+    try:
+        for kernel, n, _ in STAGE_DRES_CASES:
+            layer = kernel == "layernorm_bwd"
+            for m in (1, 37):
+                x, r = (torch.randn((m, n), device="cuda").bfloat16().requires_grad_(True) for _ in range(2))
+                w = (torch.randn(n, device="cuda") + 1).bfloat16().requires_grad_(True)
+                b = torch.randn(n, device="cuda").bfloat16().requires_grad_(True)
+                if layer:
+                    y, h = normir.layernorm(x, w, b, LN_EPS, residual=r, prenorm=True)
+                    y_ref, h_ref, _, _ = layernorm_ref(x.detach(), w, b, LN_EPS, r.detach())
+                else:
+                    y, h = normir.fused_add_rmsnorm(x, r, w, bias=b)
+                    y_ref, h_ref, _ = fused_add_rmsnorm_ref(x.detach(), r.detach(), w, b, 1e-6, None, 0.0)
+                dy, dh = torch.randn_like(y), torch.randn_like(h)
+                grads = torch.autograd.grad([y, h], [x, r, w, b], [dy, dh])
+                g_ref, dw_ref, db_ref = layernorm_bwd_ref(h_ref, w, b, LN_EPS, dy, dh) if layer else \
+                    fused_add_rmsnorm_bwd_ref(h_ref, w, b, 1e-6, 0.0, dy, dh)
+                e = [err(y, y_ref)] + [err(g, ref) for g, ref in zip(grads, (g_ref, g_ref, dw_ref, db_ref))]
+                ok = all(v < 2e-2 for v in e) and torch.equal(h, h_ref)
+                bad += not ok
+                print(f"stage_dres {kernel} n={n} m={m}: " + " ".join(f"{v:.2e}" for v in e)
+                      + (" ok" if ok else " FAIL"))
+    finally:
+        os.environ["NORMIR_TPR"] = ""
+        launch.clear_handles()
+    return bad
 
 
 def layernorm_cases(cases=SANITIZE_LN) -> int:

@@ -6,6 +6,8 @@ residual in x's type, d_residual_out given) side by side on one GPU.
     python scripts/tune.py plan        # print the variants' Options (for `normir aot`)
     python scripts/tune.py run         # on the GPU: GB/s per variant, M*N = 2^27, bf16
     PLACEMENTS=3 python scripts/tune.py run   # each variant on 3 tensor placements
+    REF_DIR=/tmp/ref python scripts/tune.py run   # also the policy's outputs against the first run's
+                                                  # (two builds of the templates: NORMIR_INCLUDE)
 
 Each variant is a NORMIR_TPR setting; 0 is the layout policy's own choice. For the backward the
 policy's layout is also timed without a weight (no dw sums, no reduction kernel; LayerNorm's also
@@ -20,11 +22,12 @@ import os
 import sys
 
 VARIANTS = {  # (op, N, dtype): layouts to compare, as NORMIR_TPR values ("0": the policy's)
-    # v163 (two builds: the committed template, and w kept in 16-bit words between its uses): the
-    # fused add's RMSNorm backward in blocks of 256 over twice the cluster, 2 a multiprocessor, so
-    # that two clusters' phases interleave on each multiprocessor; rows held (r1) in the words build.
-    ("add_bwd", 65536, "bf16"): ("0", "0r1", "256x8m2", "256x8m2o1", "256x8m2r1"),
-    ("add_bwd", 32768, "bf16"): ("0", "0r1", "256x4m2", "256x4m2r1"),
+    # v165: the fused add's LayerNorm backward held in 4 chunks (layout._held_quads) without
+    # d_residual_out staged (g0: ptxas 128 registers, no spill), and with the dx stores evicting
+    # first from L2 (h2).
+    ("add_ln_bwd", 65536, "bf16"): ("0", "256x8r1d3g0", "256x8h2r1d3g1"),
+    ("add_ln_bwd", 32768, "bf16"): ("0", "256x4r1d3g0", "256x4h2r1d3g1"),
+    ("add_ln_bwd", 16384, "bf16"): ("0", "256x2r1d3g0"),
 }
 KERNEL = {"fwd": "rmsnorm_fwd", "bwd": "rmsnorm_bwd", "add_fwd": "fused_add_rmsnorm_fwd",
           "add_bwd": "fused_add_rmsnorm_bwd", "ln_fwd": "layernorm_fwd", "ln_bwd": "layernorm_bwd",
@@ -185,6 +188,7 @@ def run() -> None:
         torch.cuda.empty_cache()
         m = (1 << 27) // n
         tdt = {"bf16": torch.bfloat16, "f16": torch.float16, "f32": torch.float32}[dt]
+        torch.manual_seed(n)  # the same inputs in every run: REF_DIR compares builds
         sets = _placements(m, n, tdt, count)
         seen: dict[str, list[str]] = {}
         labels: dict[str, str] = {}
@@ -194,6 +198,18 @@ def run() -> None:
         launch.clear_handles()
         ref = _outputs(normir, op, *sets[0])
         diffs: dict[str, str] = {}
+        # REF_DIR: the policy's outputs against those of the first build run with the same
+        # directory (two builds of the templates, NORMIR_INCLUDE), saved there on the first.
+        ref_dir = os.environ.get("REF_DIR")
+        if ref_dir:
+            path = os.path.join(ref_dir, f"{op}-{n}-{dt}.pt")
+            if os.path.exists(path):
+                first = torch.load(path)
+                diffs["build"] = "=" if all(torch.equal(a, b) for a, b in zip(ref, first)) else "max diff " + "/".join(
+                    f"{(a.float() - b.float()).abs().max().item():.2g}" for a, b in zip(ref, first))
+            else:
+                os.makedirs(ref_dir, exist_ok=True)
+                torch.save(list(ref), path)
         # Two rounds, the second in reverse order, so that neither order nor drift favours a variant.
         for order in (list(variants), list(reversed(variants))):
             for variant in order:

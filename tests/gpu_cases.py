@@ -61,7 +61,7 @@ NO_WEIGHT_CASES = ((2048, "bf16"), (4096, "bf16"), (4096, "f16"), (2880, "f32"),
 
 
 def tpr_value(layout: dict) -> str:
-    """A forced layout as a NORMIR_TPR value: TPR[xCLUSTER][pN][sN][mN][hN][oN][rN][bN][dN][nN][wN][tN]."""
+    """A forced layout as a NORMIR_TPR value: TPR[xCLUSTER][pN][sN][mN][hN][oN][rN][bN][dN][nN][wN][tN][gN]."""
     out = f"{layout.get('tpr', 0)}x{layout.get('cluster', 0)}"
     if layout.get("l2_prefetch", -1) >= 0:
         out += f"p{layout['l2_prefetch']}"
@@ -85,6 +85,8 @@ def tpr_value(layout: dict) -> str:
         out += f"w{layout['cast_words']}"
     if layout.get("two_pass", -1) >= 0:
         out += f"t{layout['two_pass']}"
+    if layout.get("stage_dres", -1) >= 0:
+        out += f"g{layout['stage_dres']}"
     return out
 
 # Fused residual-add RMSNorm (test_gpu_fused_add.py). Each combination of dtypes and features:
@@ -223,6 +225,7 @@ def specializations() -> list[dict]:
         plan += [_fwd(n, "bf16", "bf16", store_rstd=False), _fwd(n, "bf16", "bf16")]
         plan += _bwd(n, "bf16", "bf16") + _bwd(n, "bf16", "bf16", atomic=True)
     plan += fused_specializations() + layer_specializations() + swap_specializations() + integration_specializations()
+    plan += stage_dres_specializations()
     seen, out = set(), []
     for p in plan:
         k = tuple(sorted(p.items()))
@@ -343,6 +346,29 @@ DB_SMEM_CASES = ((1024, dict(tpr=64, db_smem=1)), (2880, dict(tpr=96, cluster=2,
                  (16384, dict(tpr=256, cluster=4, db_smem=3)),
                  (65536, dict(tpr=256, cluster=16, min_blocks=3, db_smem=3)),
                  (8192, dict(tpr=512, cluster=1, cache_row=0, min_blocks=2, db_smem=3)))
+
+
+# d_residual_out copied into shared memory in pass 1 (layout._stage_dres), forced: (kernel, N, knobs),
+# the rows with d_residual_out in bf16 (and with a bias); test_d_residual_out_staged in
+# test_gpu_fused_add.py and test_gpu_layernorm.py, and scripts/sanitize.py. A masked last chunk
+# (2880), RMSNorm's fused add held over a cluster, LayerNorm's slots past its dynamic ones (65536)
+# and after its held rows' both sums (16384).
+STAGE_DRES_CASES = (("fused_add_rmsnorm_bwd", 2880, dict(stage_dres=1)),
+                    ("fused_add_rmsnorm_bwd", 65536, dict(cache_row=1, stage_dres=1)),
+                    ("layernorm_bwd", 2880, dict(stage_dres=1)),
+                    ("layernorm_bwd", 65536, dict(stage_dres=1)),
+                    ("layernorm_bwd", 16384, dict(tpr=256, cluster=2, cache_row=1, db_smem=3, stage_dres=1)))
+
+
+def stage_dres_specializations() -> list[dict]:
+    """STAGE_DRES_CASES' kernels: each forward, and the backward with its knobs forced."""
+    plan: list[dict] = []
+    for kernel, n, knobs in STAGE_DRES_CASES:
+        fwd, bwd = (layer_fwd, layer_bwd) if kernel == "layernorm_bwd" else (fused_fwd, fused_bwd)
+        for b in (None, "bf16"):
+            plan.append(fwd(n, "bf16", "bf16", b=b))
+            plan += [{**d, **knobs} if d["kernel"] == kernel else d for d in bwd(n, "bf16", "bf16", b=b)]
+    return plan
 
 
 def _forced_bwd(specs: list[dict], knobs: dict) -> list[dict]:

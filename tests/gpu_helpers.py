@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import math
 
 import torch
@@ -44,3 +45,18 @@ def tensors(shape, x, r=None, w="", b=None):
     wt = (make((n,), TORCH[w or x]) + 1) if w is not None else None
     bt = make((n,), TORCH[b], 0.5) if b else None
     return xt, rt, wt, bt
+
+
+@contextlib.contextmanager
+def forced_layout(monkeypatch, kernel: str, n: int, knobs: dict):
+    """Within the block, `kernel` at `n` takes the layout knobs (NORMIR_TPR); handles cleared
+    before and after, so no other test sees them."""
+    from gpu_cases import tpr_value
+
+    from normir import launch
+    monkeypatch.setenv("NORMIR_TPR", f"{kernel}:{n}={tpr_value(knobs)}")
+    launch.clear_handles()
+    try:
+        yield
+    finally:
+        launch.clear_handles()

@@ -165,3 +165,29 @@ def test_flags_follow_the_features(kernel):
     assert on["HAS_BIAS"] == on["HAS_OFFSET"] == "true"
     assert on["HAS_RESIDUAL" if fwd else "STORE_DRES"] == "true"
     assert on["STORE_RESIDUAL" if fwd else "HAS_DRES_OUT"] == "true"
+
+
+def test_stage_dres_forced_and_refused():
+    # d_residual_out copied into shared memory in pass 1 (layout._stage_dres): its slots follow what
+    # the dynamic shared memory holds already; only a backward reading it, with asynchronous copies.
+    from normir.specialize import specialize
+
+    on = Options(kernel="fused_add_rmsnorm_bwd", n=65536, has_dres_out=True, stage_dres=1)
+    lay = on.layout
+    assert lay.stage_dres and lay.dres_at == 0 and lay.smem_bytes == lay.k * lay.block * 16
+    text = specialize(on)
+    assert "%stage_dres = arith.constant true" in text and "nvvm.cp.async.shared.global" in text
+    slots = Options(kernel="layernorm_bwd", n=65536, bdtype="f32", has_dres_out=True, stage_dres=1).layout
+    assert slots.dyn_slots and slots.dres_at == slots.slot_bytes
+    assert slots.smem_bytes == slots.slot_bytes + slots.k * slots.block * 16
+    off = Options(kernel="fused_add_rmsnorm_bwd", n=65536, has_dres_out=True, stage_dres=0)
+    assert not off.layout.stage_dres and off.layout.smem_bytes == 0
+    assert "%stage_dres = arith.constant false" in specialize(off)
+    for bad in (dict(kernel="fused_add_rmsnorm_bwd", has_dres_out=False), dict(kernel="rmsnorm_bwd"),
+                dict(kernel="fused_add_rmsnorm_bwd", has_dres_out=True, target="gfx950"),
+                dict(kernel="fused_add_rmsnorm_bwd", has_dres_out=True, stage=1, n=16384),
+                dict(kernel="fused_add_rmsnorm_fwd")):
+        with pytest.raises(ValueError, match="stage_dres=1 needs a backward reading d_residual_out"):
+            Options(**{"n": 65536, **bad, "stage_dres": 1})
+    with pytest.raises(ValueError, match="stage_dres"):
+        Options(kernel="fused_add_rmsnorm_bwd", n=65536, has_dres_out=True, stage_dres=2)

@@ -19,10 +19,12 @@ from gpu_cases import (
     FUSED_N,
     FWD_M,
     FWD_N,
+    STAGE_DRES_CASES,
     SUMS_SPLIT_N,
     TRAIN_N,
+    tpr_value,
 )
-from gpu_helpers import TOL, TORCH, make, poison, rel_err, tensors
+from gpu_helpers import TOL, TORCH, forced_layout, make, poison, rel_err, tensors
 
 import normir
 from normir.ops.fused_add_rmsnorm import fused_add_rmsnorm_bwd_ref, fused_add_rmsnorm_ref
@@ -86,6 +88,15 @@ def test_dtypes_and_features(combo, n, prenorm):
 def test_rows_split_for_their_sums(dt, n):
     # Past 16384 the backward's rows whose dw sums fill a thread's share go over a cluster (layout.bwd_layout).
     check((199, n), dt, dt)
+
+
+@pytest.mark.parametrize("kernel,n,knobs", [c for c in STAGE_DRES_CASES if c[0] == "fused_add_rmsnorm_bwd"],
+                         ids=lambda v: tpr_value(v) if isinstance(v, dict) else str(v))
+def test_d_residual_out_staged(monkeypatch, kernel, n, knobs):
+    # d_residual_out copied into shared memory in pass 1 and read there (stage_dres), forced.
+    with forced_layout(monkeypatch, kernel, n, knobs):
+        for b in (None, "bf16"):
+            check((199, n), "bf16", "bf16", b=b)
 
 
 @pytest.mark.parametrize("eps", EPS)

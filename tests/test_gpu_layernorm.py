@@ -27,10 +27,11 @@ from gpu_cases import (
     LN_LAYOUT_N,
     LN_STATS_N,
     MODEL_N,
+    STAGE_DRES_CASES,
     TRAIN_N,
     tpr_value,
 )
-from gpu_helpers import TOL, TORCH, make, poison, rel_err, tensors
+from gpu_helpers import TOL, TORCH, forced_layout, make, poison, rel_err, tensors
 
 import normir
 from normir.ops.layernorm import layernorm_bwd_ref, layernorm_ref
@@ -187,6 +188,15 @@ def test_db_sums_in_shared_memory(monkeypatch, n, knobs):
         test_dw_db_bit_identical_across_runs_and_atomic_mode(n)
     finally:
         launch.clear_handles()
+
+
+@pytest.mark.parametrize("kernel,n,knobs", [c for c in STAGE_DRES_CASES if c[0] == "layernorm_bwd"],
+                         ids=lambda v: tpr_value(v) if isinstance(v, dict) else str(v))
+def test_d_residual_out_staged(monkeypatch, kernel, n, knobs):
+    # The fused add's LayerNorm with d_residual_out staged (stage_dres), forced; as test_gpu_fused_add.py's.
+    with forced_layout(monkeypatch, kernel, n, knobs):
+        for b in (None, "bf16"):
+            check((199, n), "bf16", "bf16", b=b)
 
 
 def test_gradcheck_against_finite_differences():

@@ -181,13 +181,16 @@ def test_db_sums_in_shared_memory_knob(monkeypatch):
 
 
 SPLIT = dict(cluster=2)  # rows over 2 blocks, which layout._one_block would take to one
+# The rows layout._held_quads holds in 4 chunks, over the cluster they had before it (a forced
+# cluster leaves them to the rules below).
+C4, C8 = dict(cluster=4), dict(cluster=8)
 
 
 @pytest.mark.parametrize(("n", "dres", "db_smem", "blocks", "held", "kw"), [
     (1024, False, 1, 10, True, {}), (2048, False, 1, 5, True, {}), (4096, False, 1, 5, True, {}),
     (2880, True, 3, 4, False, {}), (4096, True, 1, 3, False, {}), (8192, False, 3, 3, True, {}),
-    (16384, False, 3, 3, True, {}), (32768, False, 3, 3, True, {}), (1024, True, 3, 12, True, {}),
-    (2048, True, 3, 6, True, {}), (8192, True, 3, 3, True, {}), (32768, True, 3, 3, True, {}),
+    (16384, False, 3, 3, True, C4), (32768, False, 3, 3, True, C8), (1024, True, 3, 12, True, {}),
+    (2048, True, 3, 6, True, {}), (8192, True, 3, 3, True, {}), (32768, True, 3, 3, True, C8),
     (3072, False, 3, 6, True, SPLIT), (4608, False, 3, 4, True, SPLIT), (6144, False, 3, 3, True, SPLIT),
     (4608, True, 3, 4, False, SPLIT), (7680, True, 3, 3, False, {}), (5120, True, 3, 4, False, SPLIT),
     (3456, True, 3, 4, False, {}), (2400, True, 3, 5, False, {})])
@@ -226,7 +229,8 @@ def test_policy_moves_db_sums_of_4_chunk_rows_over_a_cluster():
     # exchange: all 4 in 8 warps without d_residual_out (layout._overlap), else 2.
     for n, blocks in ((40960, 3), (65536, 2)):
         for dres in (False, True):
-            lay = Options(kernel="layernorm_bwd", n=n, bdtype="f32", has_dres_out=dres).layout
+            held = dict(cache_row=0) if n == 65536 else {}  # the policy holds 65536's (layout._held_quads)
+            lay = Options(kernel="layernorm_bwd", n=n, bdtype="f32", has_dres_out=dres, **held).layout
             got = (lay.k, lay.cluster, lay.cache_row, lay.db_smem, lay.min_blocks, lay.overlap)
             early = 4 if n == 65536 and not dres else 2
             assert got == (4, 8, False, 3, blocks, early), (n, dres)
@@ -240,6 +244,34 @@ def test_policy_moves_db_sums_of_4_chunk_rows_over_a_cluster():
         for dres, overlap in ((True, 0), (False, 2)):
             lay = Options(kernel="layernorm_bwd", n=n, bdtype="f32", has_dres_out=dres, **kw).layout
             assert (lay.db_smem, lay.min_blocks, lay.overlap) == (1, blocks, overlap), (n, kw, dres)
+
+
+def test_long_bf16_rows_held_in_4_chunks():
+    # layout._held_quads: LayerNorm's backwards of bf16 rows, a weight and a bias, at 16384-65536:
+    # 256 threads of 4 chunks over 2-8 blocks, held, both sums in dynamic shared memory, uncapped
+    # (ptxas: 2 blocks), d_residual_out staged; RMSNorm's fused add at 32768-65536 held in its 512
+    # threads, d_residual_out staged.
+    for n, cluster in ((16384, 2), (32768, 4), (65536, 8)):
+        for dres in (False, True):
+            lay = Options(kernel="layernorm_bwd", n=n, bdtype="f32", has_dres_out=dres).layout
+            got = (lay.tpr, lay.cluster, lay.k, lay.cache_row, lay.db_smem, lay.min_blocks, lay.overlap)
+            assert got == (256, cluster, 4, True, 3, 0, 0), (n, dres)
+            assert lay.stage_dres == dres and lay.dyn_slots
+    for n, cluster in ((32768, 2), (65536, 4)):
+        lay = Options(kernel="fused_add_rmsnorm_bwd", n=n, has_dres_out=True).layout
+        assert (lay.tpr, lay.cluster, lay.k, lay.cache_row, lay.overlap, lay.stage_dres) == (512, cluster, 4, True, 0, True)
+    # Not: f16 rows (held as fp32), an fp32 weight, fp32 dy, no bias, non-power-of-two clusters
+    # (49152), gfx950, a forced knob; RMSNorm's fused add with a bias or in atomic mode (8 bytes
+    # spilled), RMSNorm's own backward.
+    for kw in (dict(dtype="f16", wdtype="f16"), dict(wdtype="f32"), dict(odtype="f32"), dict(bdtype=""),
+               dict(n=49152), dict(target="gfx950"), dict(cache_row=0), dict(min_blocks=2), dict(overlap=0),
+               dict(stage_dres=0)):
+        lay = Options(kernel="layernorm_bwd", **{"n": 32768, "bdtype": "f32", **kw}).layout
+        assert not (lay.cache_row and lay.k == 4), kw
+    for kw in (dict(bdtype="bf16"), dict(atomic_dw=True), dict(has_dres_out=False), dict(stage_dres=0)):
+        lay = Options(**{"kernel": "fused_add_rmsnorm_bwd", "n": 65536, "has_dres_out": True, **kw}).layout
+        assert not lay.cache_row, kw
+    assert not Options(kernel="rmsnorm_bwd", n=65536).layout.cache_row
 
 
 def test_held_masked_rows_of_7_or_8_warps_over_2_blocks_are_read_again():

@@ -169,7 +169,8 @@ def test_streamed_rows_in_words_load_pass_2_chunk_by_chunk():
     ("layernorm_bwd", 7168, {"has_dres_out": True}, True),  # the same for the fused add's rows
     ("layernorm_bwd", 4096, {}, True),  # LayerNorm's rows held
     ("layernorm_bwd", 7168, {"has_dres_out": True, "has_weight": False}, False),  # held over 4 blocks, capped: spill
-    ("layernorm_bwd", 65536, {"has_dres_out": True}, True),  # the fused add's rows read again
+    ("layernorm_bwd", 49152, {"has_dres_out": True}, True),  # the fused add's rows read again
+    ("layernorm_bwd", 65536, {"has_dres_out": True}, False),  # held in 4 chunks (layout._held_quads)
     ("layernorm_bwd", 4096, {"has_dres_out": True, "wdtype": "f32"}, False),  # an fp32 weight: spill at the cap
     ("layernorm_bwd", 8192, {"stage": 1, "cache_row": 0}, False),  # staged
     ("rmsnorm_bwd", 2880, {}, False),  # RMSNorm's: +1% read again, but held rows take 96 registers for 80
