@@ -22,12 +22,13 @@ import os
 import sys
 
 VARIANTS = {  # (op, N, dtype): layouts to compare, as NORMIR_TPR values ("0": the policy's)
-    # v165: the fused add's LayerNorm backward held in 4 chunks (layout._held_quads) without
-    # d_residual_out staged (g0: ptxas 128 registers, no spill), and with the dx stores evicting
-    # first from L2 (h2).
-    ("add_ln_bwd", 65536, "bf16"): ("0", "256x8r1d3g0", "256x8h2r1d3g1"),
-    ("add_ln_bwd", 32768, "bf16"): ("0", "256x4r1d3g0", "256x4h2r1d3g1"),
-    ("add_ln_bwd", 16384, "bf16"): ("0", "256x2r1d3g0"),
+    # v166: LayerNorm's backwards held in 4 chunks over half the blocks of twice the threads (512,
+    # one block a multiprocessor at 128 registers; 128 KB of sums' slots at 65536, past the
+    # policy's dynamic slot limit, forced), against layout._held_quads' 256.
+    ("add_ln_bwd", 65536, "bf16"): ("0", "512x4r1d3g1"),
+    ("add_ln_bwd", 32768, "bf16"): ("0", "512x2r1d3g1"),
+    ("ln_bwd", 65536, "bf16"): ("0", "512x4r1d3"),
+    ("ln_bwd", 32768, "bf16"): ("0", "512x2r1d3"),
 }
 KERNEL = {"fwd": "rmsnorm_fwd", "bwd": "rmsnorm_bwd", "add_fwd": "fused_add_rmsnorm_fwd",
           "add_bwd": "fused_add_rmsnorm_bwd", "ln_fwd": "layernorm_fwd", "ln_bwd": "layernorm_bwd",
