@@ -283,6 +283,7 @@ LN_EPS = 1e-5
 LN_COMBOS = (("bf16", None, None), ("bf16", "bf16", None), ("bf16", None, "bf16"), ("bf16", "f32", "f32"),
              ("f16", "bf16", "bf16"), ("f32", "bf16", None))
 LN_COMBO_N = (100, 2880, 65536)
+LN_NO_WB_HELD_N = (32768, 131072)  # bf16 rows without w and b held over 2 and 8 blocks (layout._cache_row)
 LN_FUSED_COMBOS = (
     ("bf16", "f32", "bf16", "bf16", None, None),  # the fp32 residual stream
     ("bf16", "bf16", "bf16", "bf16", None, None),
@@ -387,6 +388,8 @@ def layer_specializations() -> list[dict]:
     for x, w, b in LN_COMBOS:
         for n in LN_COMBO_N:
             plan += [layer_fwd(n, x, w=w, b=b)] + layer_bwd(n, x, w=w, b=b)
+    for n in LN_NO_WB_HELD_N:
+        plan += [layer_fwd(n, "bf16", w=None)] + layer_bwd(n, "bf16", w=None)
     for combo in LN_FUSED_COMBOS:
         for n in LN_FUSED_N:
             plan.append(layer_fwd(n, *combo))

@@ -25,6 +25,7 @@ from gpu_cases import (
     LN_FUSED_COMBOS,
     LN_FUSED_N,
     LN_LAYOUT_N,
+    LN_NO_WB_HELD_N,
     LN_STATS_N,
     MODEL_N,
     STAGE_DRES_CASES,
@@ -126,6 +127,11 @@ def test_precision_on_offset_rows(n, mean, std):
 def test_weight_bias_absent_and_mixed_dtypes(combo, n):
     x, w, b = combo
     check((199, n), x, w=w, b=b)
+
+
+@pytest.mark.parametrize("n", LN_NO_WB_HELD_N)
+def test_long_rows_without_w_and_b_held(n):
+    check((199, n), "bf16", w=None)
 
 
 @pytest.mark.parametrize("prenorm", (True, False), ids=("d_residual_out", "no_d_residual_out"))

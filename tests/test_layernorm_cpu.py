@@ -274,6 +274,21 @@ def test_long_bf16_rows_held_in_4_chunks():
     assert not Options(kernel="rmsnorm_bwd", n=65536).layout.cache_row
 
 
+def test_long_bf16_rows_without_w_and_b_held_over_a_cluster():
+    # layout._cache_row: LayerNorm's backward without w and b (no column sums) at 32768-131072 in
+    # bf16, 512 threads of 4 chunks over 2-8 blocks, holds its rows (no early chunks of pass 2);
+    # read again: f16 and f32 rows (held as fp32), a bias (db's sums), d_residual_out, 6 chunks a
+    # thread (49152 over 384), a forced cache_row, the rows with a weight (_held_quads' 256).
+    for n, cluster in ((32768, 2), (65536, 4), (131072, 8)):
+        lay = Options(kernel="layernorm_bwd", n=n, has_weight=False).layout
+        assert (lay.tpr, lay.cluster, lay.k, lay.cache_row, lay.overlap) == (512, cluster, 4, True, 0), n
+    for kw in (dict(dtype="f16", wdtype="f16"), dict(dtype="f32", wdtype="f32"), dict(bdtype="f32"),
+               dict(has_dres_out=True), dict(n=49152), dict(cache_row=0), dict(has_weight=True)):
+        lay = Options(kernel="layernorm_bwd", **{"n": 65536, "has_weight": False, **kw}).layout
+        assert not (lay.cache_row and lay.tpr == 512), kw
+    assert Options(kernel="layernorm_bwd", n=65536, has_weight=False, cache_row=0).layout.overlap == 4
+
+
 def test_held_masked_rows_of_7_or_8_warps_over_2_blocks_are_read_again():
     # LayerNorm's backward held over 2 blocks of 8 warps with a masked chunk (7200-7936; 6176-7136
     # in 7 warps go to one block, layout._one_block): read again with both sums in shared memory,
