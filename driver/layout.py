@@ -301,8 +301,14 @@ def _held_quads(opts: Options, tgt: targets.Target, work: RowWork, lay: Layout, 
     if fused:  # the same threads and cluster, held
         new = replace(lay, cache_row=True, overlap=0, stage_dres=True)
     else:
+        # The fused add's without the next row's L2 prefetch (*tune-v167*, -v168): 16384 3909-3922 GB/s
+        # against 3852-3880, 32768 3752-3776 against 3675-3697, 65536 3738-3782 against 3612-3707.
+        # LayerNorm's own lost 10-11% without it (65536 3331-3345 against 3747-3759), as did its rows
+        # without w and b (-28%) and RMSNorm's fused add at 65536 (-3%; +1% at 32768).
+        prefetch = lay.l2_prefetch if opts.l2_prefetch != -1 else not opts.has_dres_out
         new = replace(lay, tpr=HELD_QUAD_THREADS, rows=1, k=4, kfull=4, nchunk=HELD_QUAD_THREADS * 4, cluster=quads,
-                      cache_row=True, overlap=0, db_smem=3, min_blocks=0, stage_dres=opts.has_dres_out)
+                      cache_row=True, overlap=0, db_smem=3, min_blocks=0, stage_dres=opts.has_dres_out,
+                      l2_prefetch=prefetch)
     policy = opts.hints == -1 and _hintable(opts, tgt, work, new)
     return replace(new, hints=_hint_policy(new, True, opts.has_weight) if policy else lay.hints)
 

@@ -249,14 +249,15 @@ def test_policy_moves_db_sums_of_4_chunk_rows_over_a_cluster():
 def test_long_bf16_rows_held_in_4_chunks():
     # layout._held_quads: LayerNorm's backwards of bf16 rows, a weight and a bias, at 16384-65536:
     # 256 threads of 4 chunks over 2-8 blocks, held, both sums in dynamic shared memory, uncapped
-    # (ptxas: 2 blocks), d_residual_out staged; RMSNorm's fused add at 32768-65536 held in its 512
-    # threads, d_residual_out staged.
+    # (ptxas: 2 blocks), d_residual_out staged and no L2 prefetch of the next row; RMSNorm's fused
+    # add at 32768-65536 held in its 512 threads, d_residual_out staged.
     for n, cluster in ((16384, 2), (32768, 4), (65536, 8)):
         for dres in (False, True):
             lay = Options(kernel="layernorm_bwd", n=n, bdtype="f32", has_dres_out=dres).layout
             got = (lay.tpr, lay.cluster, lay.k, lay.cache_row, lay.db_smem, lay.min_blocks, lay.overlap)
             assert got == (256, cluster, 4, True, 3, 0, 0), (n, dres)
             assert lay.stage_dres == dres and lay.dyn_slots
+            assert lay.l2_prefetch != dres  # the fused add's without the next row's L2 prefetch
     for n, cluster in ((32768, 2), (65536, 4)):
         lay = Options(kernel="fused_add_rmsnorm_bwd", n=n, has_dres_out=True).layout
         assert (lay.tpr, lay.cluster, lay.k, lay.cache_row, lay.overlap, lay.stage_dres) == (512, cluster, 4, True, 0, True)
