@@ -1008,8 +1008,8 @@ def _cache_row(opts: Options, lay: Layout, tgt: targets.Target, work: RowWork, p
     fits = lay.cluster == 1 and lay.k <= 2 and lay.k * lay.vec * held_bytes(work, opts) <= budget
     # LayerNorm's bf16 rows without w and b over a cluster (no column sums), 4 whole chunks a thread
     # in blocks of 512: held (ptxas 108 registers, no spill) instead of read again with all of pass
-    # 2's chunks early. On the H200 (*tune-v166*, two runs of two placements) 32768 4035-4063 GB/s
-    # against 3404-3637, 65536 3903-3911 against 2865-3186.
+    # 2's chunks early. On the H200 (*tune-v166*, -v167, two placements each) 32768 4035-4063 GB/s
+    # against 3404-3637, 65536 3903-3942 against 2865-3378, 131072 3844-3870 against 2724-3150.
     wide = work.sums > 1 and not opts.bdtype and not opts.has_dres_out and lay.cluster > 1 \
         and lay.block == BWD_MAX_SUMS_THREADS and lay.k == lay.kfull == 4 and held_bytes(work, opts) == 4
     return replace(lay, cache_row=lay.cache_row or fits or wide)
