@@ -22,18 +22,10 @@ import os
 import sys
 
 VARIANTS = {  # (op, N, dtype): layouts to compare, as NORMIR_TPR values ("0": the policy's)
-    # v168: the held rows over a cluster (layout._held_quads, LayerNorm's without w and b) without the
-    # next row's L2 prefetch (p0: +2% for the fused add's LayerNorm in v167), and with the dx stores
-    # evicting first (h2).
-    ("ln_bwd", 16384, "bf16"): ("0", "0p0"),
-    ("ln_bwd", 32768, "bf16"): ("0", "0p0"),
-    ("ln_bwd", 65536, "bf16"): ("0", "0p0"),
-    ("ln_bwd", 131072, "bf16"): ("0", "0p0"),
-    ("add_ln_bwd", 16384, "bf16"): ("0", "0p0"),
-    ("add_ln_bwd", 32768, "bf16"): ("0", "0p0", "0p0h2"),
-    ("add_ln_bwd", 65536, "bf16"): ("0", "0p0", "0p0h2"),
-    ("add_bwd", 32768, "bf16"): ("0", "0p0"),
-    ("add_bwd", 65536, "bf16"): ("0", "0p0"),
+    # v170: LayerNorm's forward at 65536 in 16-byte chunks without w's and b's early chunks, with x
+    # kept in shared memory between the passes (build B, v169's +1.5%) or in registers (build 0);
+    # templates from NORMIR_INCLUDE, not committed.
+    ("ln_fwd", 65536, "bf16"): ("0", "0o0", "256x4m4v8o0", "256x4m3v8o0", "128x8m8v8o0", "128x8m6v8o0", "512x2m2v8o0"),
 }
 KERNEL = {"fwd": "rmsnorm_fwd", "bwd": "rmsnorm_bwd", "add_fwd": "fused_add_rmsnorm_fwd",
           "add_bwd": "fused_add_rmsnorm_bwd", "ln_fwd": "layernorm_fwd", "ln_bwd": "layernorm_bwd",
