@@ -185,15 +185,10 @@ def test_dw_db_bit_identical_across_runs_and_atomic_mode(n):
 def test_db_sums_in_shared_memory(monkeypatch, n, knobs):
     # db's column sums in shared memory (db_smem) forced on layouts the policy does not give it, with and without
     # d_residual_out; dw and db stay bit-identical from run to run.
-    from normir import launch
-    monkeypatch.setenv("NORMIR_TPR", f"layernorm_bwd:{n}={tpr_value(knobs)}")
-    launch.clear_handles()
-    try:
+    with forced_layout(monkeypatch, "layernorm_bwd", n, knobs):
         check((199, n), "bf16", b="bf16")
         check((199, n), "bf16", "f32", b="bf16")
         test_dw_db_bit_identical_across_runs_and_atomic_mode(n)
-    finally:
-        launch.clear_handles()
 
 
 @pytest.mark.parametrize("kernel,n,knobs", [c for c in STAGE_DRES_CASES if c[0] == "layernorm_bwd"],
