@@ -222,6 +222,26 @@ static void ck(cudaError_t e, const char* what) {
   }
 }
 
+// 30 timed calls of f (CUDA events around each), sorted.
+template <class F>
+std::vector<float> times_ms(F f) {
+  cudaEvent_t a, z;
+  cudaEventCreate(&a);
+  cudaEventCreate(&z);
+  std::vector<float> ts;
+  for (int rep = 0; rep < 30; ++rep) {
+    cudaEventRecord(a);
+    f();
+    cudaEventRecord(z);
+    cudaEventSynchronize(z);
+    float ms;
+    cudaEventElapsedTime(&ms, a, z);
+    ts.push_back(ms);
+  }
+  std::sort(ts.begin(), ts.end());
+  return ts;
+}
+
 struct Bufs {
   bf16 *x, *w, *b, *y;
   float *mean, *rstd;
@@ -276,21 +296,8 @@ void run(const char* name, Bufs& B, std::vector<bf16>& hx, std::vector<bf16>& hw
       if (!(e <= worst)) worst = e;  // NaN propagates
     }
   }
-  cudaEvent_t a, z;
-  cudaEventCreate(&a);
-  cudaEventCreate(&z);
   for (int i = 0; i < 5; ++i) launch();
-  std::vector<float> ts;
-  for (int rep = 0; rep < 30; ++rep) {
-    cudaEventRecord(a);
-    launch();
-    cudaEventRecord(z);
-    cudaEventSynchronize(z);
-    float ms;
-    cudaEventElapsedTime(&ms, a, z);
-    ts.push_back(ms);
-  }
-  std::sort(ts.begin(), ts.end());
+  std::vector<float> ts = times_ms(launch);
   double bytes = 2.0 * B.M * N * 2;
   printf("%-34s M=%d regs=%3d spill=%zu clusters=%5d err=%.2e  median %.1f GB/s  best %.1f\n", name, B.M, fa.numRegs,
          fa.localSizeBytes, ncl, worst, bytes / (ts[ts.size() / 2] * 1e6), bytes / (ts[0] * 1e6));
@@ -320,20 +327,7 @@ int main(int argc, char** argv) {
   {  // copy ceiling
     bf16* c;
     ck(cudaMalloc(&c, n * 2), "c");
-    cudaEvent_t a, z;
-    cudaEventCreate(&a);
-    cudaEventCreate(&z);
-    std::vector<float> ts;
-    for (int rep = 0; rep < 30; ++rep) {
-      cudaEventRecord(a);
-      cudaMemcpyAsync(c, B.x, n * 2, cudaMemcpyDeviceToDevice);
-      cudaEventRecord(z);
-      cudaEventSynchronize(z);
-      float ms;
-      cudaEventElapsedTime(&ms, a, z);
-      ts.push_back(ms);
-    }
-    std::sort(ts.begin(), ts.end());
+    std::vector<float> ts = times_ms([&]() { cudaMemcpyAsync(c, B.x, n * 2, cudaMemcpyDeviceToDevice); });
     printf("copy M=%d median %.1f GB/s\n", M, 2.0 * n * 2 / (ts[15] * 1e6));
     cudaFree(c);
   }
