@@ -1,8 +1,18 @@
 """normir: normalization layers as hand-written MLIR GPU kernels for gfx950 and sm_90.
 
-The public API lives in normir.ops and is imported on first use, so that the command line and
-the compiler modules load without torch, and nothing here imports the MLIR bindings.
+The public API lives in normir.ops. `import normir` defines every torch.ops.normir.* operator as
+soon as torch is imported: at once where torch is already loaded, else right after the program
+imports it (a graph saved with normir's ops, loaded in a new process, finds them after `import
+normir`). The command line and the compiler modules never import torch themselves, so they load
+without it (and without its start-up time), and nothing here imports the MLIR bindings.
 """
+
+from __future__ import annotations
+
+import importlib.abc
+import importlib.util
+import sys
+import warnings
 
 __version__ = "0.1.0"
 
@@ -12,15 +22,51 @@ __all__ = ["FusedAddLayerNorm", "FusedAddRMSNorm", "LayerNorm", "RMSNorm", "fuse
            "rmsnorm_bwd", "rmsnorm_fwd", "__version__"]
 
 
-def __getattr__(name: str):
-    if name in __all__:
-        from .ops import fused_add_rmsnorm, layernorm, rmsnorm, swap
+def _bind() -> None:
+    """Import the op modules (which define the custom ops) and bind the public names here: later
+    `normir.rmsnorm_fwd` lookups are plain module attributes (a module __getattr__ costs about
+    1 us a call, a small call's whole budget)."""
+    from .ops import fused_add_rmsnorm, layernorm, rmsnorm, swap
 
-        # Bind all of them here: later `normir.rmsnorm_fwd` lookups are plain module attributes
-        # (this hook costs about 1 us a call, a small call's whole budget).
-        for public in __all__:
-            if public != "__version__":
-                home = next(m for m in (rmsnorm, fused_add_rmsnorm, layernorm, swap) if hasattr(m, public))
-                globals()[public] = getattr(home, public)
+    for public in __all__:
+        if public != "__version__":
+            home = next(m for m in (rmsnorm, fused_add_rmsnorm, layernorm, swap) if hasattr(m, public))
+            globals()[public] = getattr(home, public)
+
+
+def __getattr__(name: str):
+    if name in __all__:  # torch not imported yet: the API's first use imports it
+        _bind()
         return globals()[name]
     raise AttributeError(f"module 'normir' has no attribute {name!r}")
+
+
+class _AfterTorch(importlib.abc.MetaPathFinder):
+    """Finds nothing itself: on the import of torch, it hands back torch's own spec with the
+    loader's exec_module wrapped to bind normir (defining its ops) once torch's module has run.
+    It removes itself first, so it acts once."""
+
+    def find_spec(self, name, path=None, target=None):
+        if name != "torch":
+            return None
+        sys.meta_path.remove(self)
+        spec = importlib.util.find_spec("torch")
+        if spec is None or spec.loader is None or not hasattr(spec.loader, "exec_module"):
+            return spec
+        run = spec.loader.exec_module
+
+        def exec_module(module):
+            run(module)
+            try:
+                _bind()
+            except Exception as e:  # never break the program's import of torch; the API's first use raises
+                warnings.warn(f"normir could not define its torch.ops.normir operators: {e}", stacklevel=2)
+
+        spec.loader.exec_module = exec_module
+        return spec
+
+
+if "torch" in sys.modules:
+    _bind()
+elif not any(isinstance(f, _AfterTorch) for f in sys.meta_path):
+    sys.meta_path.insert(0, _AfterTorch())

@@ -41,7 +41,8 @@ _LAYOUT_FLAGS = ("tpr", "cluster", "l2_prefetch", "stage", "min_blocks", "max_re
 
 
 # ... and the fused ops' features (kernels.KernelSpec.features), under the same rule.
-_FEATURE_FLAGS = ("rdtype", "sdtype", "odtype", "xdtype", "bdtype", "store_residual", "has_dres_out", "weight_offset")
+_FEATURE_FLAGS = ("rdtype", "sdtype", "odtype", "xdtype", "gdtype", "bdtype", "store_residual", "has_dres_out",
+                  "weight_offset")
 
 
 def _options_from_args(a: argparse.Namespace, kernel: str) -> Options:
@@ -343,6 +344,7 @@ def _parser() -> argparse.ArgumentParser:
     c.add_argument("--sdtype", default="", help=f"forward: residual_out's type (default: --rdtype) {feature}")
     c.add_argument("--odtype", default="", help=f"forward: y's type; backward: dy's (default: --dtype) {feature}")
     c.add_argument("--xdtype", default="", help=f"backward: dx's type (default: --dtype) {feature}")
+    c.add_argument("--gdtype", default="", help=f"backward: d_residual_out's type (default: --dtype) {feature}")
     c.add_argument("--bdtype", default="", help=f"the bias's type (default: no bias) {feature}")
     c.add_argument("--store-residual", action="store_true", help=f"forward: write residual_out {feature}")
     c.add_argument("--has-dres-out", action="store_true", help=f"backward: add d_residual_out to dx {feature}")

@@ -110,7 +110,7 @@ class KernelSpec:
     stats: Stats | None = None  # the op's math (row kernels)
     # The optional features the kernel takes (Options fields that may differ from their defaults):
     # residual, store_residual, bias, weight_offset, odtype (y's / dy's own type), xdtype (dx's),
-    # dres (a dresidual of its own type), dres_out (reads d_residual_out).
+    # dres (a dresidual of its own type), dres_out (reads d_residual_out, in a type of its own: gdtype).
     features: frozenset[str] = frozenset()
     # Reads what the kernel ahead of it on the stream wrote, after its grid_dep wait: launched to
     # start before that kernel ends where the target has programmatic launch (the column sums).
@@ -128,7 +128,8 @@ class KernelSpec:
 
 # Type placeholders: T (x: the normalized row's input), RT (the residual), HT (the row held and
 # normalized: residual_out's type with a residual, else T), YT (y), WT (the weight), BT (the bias);
-# in the backward T is the normalized row's (x, or residual_out), YT dy's, XT dx's, RT dresidual's.
+# in the backward T is the normalized row's (x, or residual_out), YT dy's, XT dx's, RT dresidual's, GT
+# d_residual_out's.
 X, W, B = Arg("x", "in", "T"), Arg("w", "in", "WT"), Arg("b", "in", "BT")
 RSTD_OUT, RSTD_IN = Arg("rstd", "out", "f32", "stat"), Arg("rstd", "in", "f32", "stat")
 MEAN_OUT, MEAN_IN = Arg("mean", "out", "f32", "stat"), Arg("mean", "in", "f32", "stat")
@@ -137,7 +138,7 @@ NORM_FWD = Template("norm_fwd.mlir", (
     X, Arg("residual", "in", "RT"), W, B, Arg("y", "out", "YT"), Arg("residual_out", "out", "HT"), RSTD_OUT, MEAN_OUT,
     *index("rows", "x_stride", "residual_stride", "y_stride", "residual_out_stride", "grid")))
 NORM_BWD = Template("norm_bwd.mlir", (
-    X, W, Arg("dy", "in", "YT"), RSTD_IN, MEAN_IN, Arg("dres_out", "in", "T"), Arg("dx", "out", "XT"),
+    X, W, Arg("dy", "in", "YT"), RSTD_IN, MEAN_IN, Arg("dres_out", "in", "GT"), Arg("dx", "out", "XT"),
     Arg("dres", "out", "RT"), Arg("dw_part", "inout", "f32"), Arg("db_part", "inout", "f32"),
     *index("rows", "x_stride", "dy_stride", "dres_out_stride", "dx_stride", "dres_stride", "grid")))
 COL_SUM = Template("col_sum.mlir", (Arg("part", "in", "f32"), Arg("out", "out", "WT"), Arg("db", "out", "BT"),
@@ -183,6 +184,7 @@ KERNELS: dict[str, KernelSpec] = {
             args=args(NORM_BWD, "x", "w", "dy", "rstd", "dx", "dw_part", "rows", "x_stride", "dy_stride",
                       "dx_stride", "grid"),
             grid="persistent", work=RowWork(reads=("T", "YT"), writes=("XT",), col_sums=1), stats=RMS,
+            features=frozenset({"odtype"}),  # dy in its own type
         ),
         KernelSpec(
             # dh = (dy * w' - h_hat * c1) * rstd (+ d_residual_out), written as dx and, in a type of

@@ -177,7 +177,7 @@ def types(opts: Options) -> dict[str, str]:
     """The element type of each type placeholder (see kernels.py) for a problem."""
     return {"T": opts.dtype, "WT": opts.wdtype, "RT": opts.rdtype or opts.dtype, "HT": opts.held_dtype,
             "YT": opts.odtype or opts.dtype, "XT": opts.xdtype or opts.dtype, "BT": opts.bdtype or opts.wdtype,
-            "f32": "f32"}
+            "GT": opts.gdtype or opts.dtype, "f32": "f32"}
 
 
 def held_bytes(work: RowWork, opts: Options) -> int:
@@ -202,9 +202,10 @@ def col_sums(work: RowWork, opts: Options) -> int:
 
 
 def row_types(work: RowWork, opts: Options) -> set[str]:
-    """The element types of every row tensor the kernel reads or writes."""
+    """The element types of every row tensor the kernel reads or writes (a backward's
+    d_residual_out too, which its RowWork leaves to the has_dres_out rules)."""
     t = types(opts)
-    return {t[p] for p in (*reads(work, opts), *work.writes, *work.held_rows)}
+    return {t[p] for p in (*reads(work, opts), *work.writes, *work.held_rows, *("GT",) * opts.has_dres_out)}
 
 
 def decide(opts: Options, tgt: targets.Target, spec: KernelSpec) -> Layout:
@@ -320,12 +321,12 @@ def _stage_dres(opts: Options, tgt: targets.Target, lay: Layout, persistent: boo
     for them in pass 1 and loading them chunk by chunk in pass 2, each load's latency in turn. It
     takes no registers while in flight."""
     able = persistent and opts.has_dres_out and bool(tgt.stage_piece) and not lay.stage \
-        and lay.vec * DTYPES[opts.dtype] == MAX_VECTOR_BYTES \
+        and lay.vec * DTYPES[types(opts)["GT"]] == MAX_VECTOR_BYTES \
         and lay.dres_at + lay.k * lay.block * MAX_VECTOR_BYTES <= MAX_STAGE_BYTES
     if opts.stage_dres == 1 and not able:
         raise ValueError(f"stage_dres=1 needs a backward reading d_residual_out (has_dres_out) on a target with "
                          f"asynchronous copies ({tgt.chip}: {'yes' if tgt.stage_piece else 'no'}), 16-byte chunks "
-                         f"(here {lay.vec * DTYPES[opts.dtype]}), the rows not staged, and its {lay.k} x "
+                         f"(here {lay.vec * DTYPES[types(opts)['GT']]}), the rows not staged, and its {lay.k} x "
                          f"{lay.block} chunks within {MAX_STAGE_BYTES} bytes of shared memory; use -1 or 0")
     # The policy's: with _held_quads' rows. Alone it lost 2-14% (the fused adds' backwards at
     # 7168-65536 read again or held in 2 chunks; *tune-v164*), but for 2880 (+1%).

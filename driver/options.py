@@ -56,6 +56,7 @@ class Options:
     sdtype: str = ""  # forward: residual_out's type, which h = x + residual is rounded to ("" = rdtype)
     odtype: str = ""  # forward: y's type; backward: dy's ("" = dtype)
     xdtype: str = ""  # backward: dx's type ("" = dtype)
+    gdtype: str = ""  # backward: d_residual_out's type ("" = dtype, residual_out's)
     bdtype: str = ""  # the bias's type; "" no bias
     store_residual: bool = False  # forward: write residual_out
     has_dres_out: bool = False  # backward: read d_residual_out and add it to dx
@@ -88,7 +89,7 @@ class Options:
         for name in ("dtype", "wdtype"):
             if getattr(self, name) not in DTYPES:
                 raise ValueError(f"{name}={getattr(self, name)!r}: choose one of {sorted(DTYPES)}")
-        for name in ("rdtype", "sdtype", "odtype", "xdtype", "bdtype"):
+        for name in ("rdtype", "sdtype", "odtype", "xdtype", "bdtype", "gdtype"):
             if getattr(self, name) not in ("", *DTYPES):
                 raise ValueError(f"{name}={getattr(self, name)!r}: choose one of {sorted(DTYPES)} or '' (none)")
         eps = float(self.eps)
@@ -158,7 +159,8 @@ class Options:
         spelling (a type equal to its default is "", so that one kernel has one key)."""
         spec = KERNELS[self.kernel]
         forward = spec.grid == "rows"
-        for name, default in (("odtype", self.dtype), ("xdtype", self.dtype), ("sdtype", self.rdtype)):
+        for name, default in (("odtype", self.dtype), ("xdtype", self.dtype), ("sdtype", self.rdtype),
+                              ("gdtype", self.dtype)):
             if getattr(self, name) == default:
                 object.__setattr__(self, name, "")
         if self.bdtype and spec.grid == "persistent":
@@ -179,6 +181,9 @@ class Options:
                                  f"(kernels that do: {', '.join(others) or 'none'})")
         if self.sdtype and not (forward and self.rdtype):
             raise ValueError(f"sdtype={self.sdtype!r}: residual_out's type needs a residual (rdtype) in a forward")
+        if self.gdtype and not self.has_dres_out:
+            raise ValueError(f"gdtype={self.gdtype!r}: d_residual_out's type needs a backward that reads it "
+                             "(has_dres_out=True)")
         if self.store_residual and not self.rdtype:
             raise ValueError("store_residual=True needs a residual (rdtype): without one residual_out is x itself")
 

@@ -69,7 +69,7 @@ def type_values(opts: Options) -> dict[str, str]:
     lay = opts.layout
     out: dict[str, str] = {}
     forward = KERNELS[opts.kernel].grid == "rows"
-    for p in ("T", "RT", "HT", "YT", "XT", "WT", "BT"):
+    for p in ("T", "RT", "HT", "YT", "XT", "WT", "BT", "GT"):
         t = tys[p]
         out[p] = t
         out[f"EXT_{p}"] = _cast(t, "f32")

@@ -47,8 +47,8 @@
 // registers. A thread's copies land in slots only it reads, and the next row's copies are issued
 // after its reads of this row's, so no barrier is needed.
 //
-// Placeholders: those of norm_fwd.mlir (with XT, dx's type; RT here is dresidual's; BWD_ACC for
-// FWD_ACC), plus
+// Placeholders: those of norm_fwd.mlir (with XT, dx's type; RT here is dresidual's; GT d_residual_out's;
+// BWD_ACC for FWD_ACC), plus
 // HAS_DRES_OUT, STORE_DRES, DW_REGS, DB_GET, DB_PUT, DB_PUT_TO, DB_IN_WORKGROUP / DB_IN_PRIVATE
 // (db's sums declared in one attribution list or the other), the same DW_*, DB_SLOTS_PIECE /
 // DW_SLOTS_PIECE (the quarters' get and put, or none), SLOT_Q, SLOT_H, SLOT_BUF, SLOT_LOAD,
@@ -79,7 +79,7 @@ gpu.module @normir [${TARGET}] {
 // normir:splice ${GRID_DEP_PIECE}
 // normir:splice common/row_io.mlir TENSOR=x TYPE=${T} ALIGN=${ALIGN_T} EB=${EB_T}
 // normir:splice common/row_io.mlir TENSOR=dy TYPE=${YT} ALIGN=${ALIGN_YT} EB=${EB_YT}
-// normir:splice common/row_io.mlir TENSOR=dres_out TYPE=${T} ALIGN=${ALIGN_T} EB=${EB_T}
+// normir:splice common/row_io.mlir TENSOR=dres_out TYPE=${GT} ALIGN=${ALIGN_GT} EB=${EB_GT}
 // normir:splice common/row_io.mlir TENSOR=dx TYPE=${XT} ALIGN=${ALIGN_XT} EB=${EB_XT}
 // normir:splice common/row_io.mlir TENSOR=dres TYPE=${RT} ALIGN=${ALIGN_RT} EB=${EB_RT}
 
@@ -88,7 +88,7 @@ gpu.module @normir [${TARGET}] {
       workgroup(%red: memref<${NR}x${WPR}xf32, #gpu.address_space<workgroup>>${DB_IN_WORKGROUP}${DW_IN_WORKGROUP})
       private(%xbuf: memref<${K}x${V}x${T}, #gpu.address_space<private>>,
               %dybuf: memref<${K}x${V}x${YT}, #gpu.address_space<private>>,
-              %gbuf: memref<${K}x${V}x${T}, #gpu.address_space<private>>${DW_IN_PRIVATE}${DB_IN_PRIVATE})
+              %gbuf: memref<${K}x${V}x${GT}, #gpu.address_space<private>>${DW_IN_PRIVATE}${DB_IN_PRIVATE})
       kernel attributes {known_block_size = array<i32: ${BLOCK}, 1, 1>${KERNEL_ATTRS}} {
 ${ABSENT}
     %c0 = arith.constant 0 : index
@@ -113,6 +113,7 @@ ${ABSENT}
     %stage_on = arith.constant ${STAGE}
     %eb = arith.constant ${EB_T} : index
     %eb_dy = arith.constant ${EB_YT} : index
+    %eb_g = arith.constant ${EB_GT} : index
     %zero_v = arith.constant dense<0.0> : vector<${V}xf32>
     %zero_acc = arith.constant dense<0.0> : ${BWD_ACC}
     %has_mean = arith.constant ${HAS_MEAN}
@@ -144,7 +145,7 @@ ${ABSENT}
     %part_base = arith.muli %cid, %rows_per_block : index
     %x_base = memref.extract_aligned_pointer_as_index %x_arg : memref<${N}x${T}> -> index
     %dy_base = memref.extract_aligned_pointer_as_index %dy_arg : memref<${N}x${YT}> -> index
-    %dres_out_base = memref.extract_aligned_pointer_as_index %dres_out_arg : memref<${N}x${T}> -> index
+    %dres_out_base = memref.extract_aligned_pointer_as_index %dres_out_arg : memref<${N}x${GT}> -> index
     // HINT_LD (see normir_bwd_row_chunk): pass 1 keeps in L2 what pass 2 reads again; the last
     // read of a line, and with HINT_ST the dx stores, ask L2 to evict it first.
     %pol_first = func.call @normir_policy_first() : () -> i64
@@ -269,7 +270,7 @@ ${ABSENT}
         scf.if %pf_g {
           %g_row = arith.muli %row, %dres_out_stride : index
           %g_elem = arith.addi %g_row, %col : index
-          %g_byte = arith.muli %g_elem, %eb : index
+          %g_byte = arith.muli %g_elem, %eb_g : index
           scf.if %stage_dres {
             %g_at = func.call @normir_dres_slot(%dres_slots, %k, %tid) : (index, index, index) -> index
             %g_src = arith.addi %dres_out_base, %g_byte : index
@@ -316,8 +317,8 @@ ${ABSENT}
           scf.if %early_g {
             %false = arith.constant false
             %gv = func.call @normir_load_dres_out(%dres_out_arg, %row, %col, %rows, %dres_out_stride, %pol_first, %false)
-                : (memref<${N}x${T}>, index, index, index, index, i64, i1) -> vector<${V}x${T}>
-            vector.store %gv, %gbuf[%k, %c0] : memref<${K}x${V}x${T}, #gpu.address_space<private>>, vector<${V}x${T}>
+                : (memref<${N}x${GT}>, index, index, index, index, i64, i1) -> vector<${V}x${GT}>
+            vector.store %gv, %gbuf[%k, %c0] : memref<${K}x${V}x${GT}, #gpu.address_space<private>>, vector<${V}x${GT}>
           }
         }
         %t = func.call @normir_cluster_read(%sums_block, %iter) : (vector<${NR}xf32>, index) -> vector<${NR}xf32>
@@ -366,23 +367,23 @@ ${ABSENT}
           // With HAS_DRES_OUT: dh = dx + d_residual_out (the residual stream's own gradient).
           %dh = scf.if %has_dres_out -> (vector<${V}xf32>) {
             %g_held = arith.andi %overlap_dres, %early : i1
-            %gv = scf.if %g_held -> (vector<${V}x${T}>) {
-              %v = vector.load %gbuf[%k, %c0] : memref<${K}x${V}x${T}, #gpu.address_space<private>>, vector<${V}x${T}>
-              scf.yield %v : vector<${V}x${T}>
+            %gv = scf.if %g_held -> (vector<${V}x${GT}>) {
+              %v = vector.load %gbuf[%k, %c0] : memref<${K}x${V}x${GT}, #gpu.address_space<private>>, vector<${V}x${GT}>
+              scf.yield %v : vector<${V}x${GT}>
             } else {
-              %v = scf.if %stage_dres -> (vector<${V}x${T}>) {
+              %v = scf.if %stage_dres -> (vector<${V}x${GT}>) {
                 %g_at = func.call @normir_dres_slot(%dres_slots, %k, %tid) : (index, index, index) -> index
-                %s = func.call @normir_load_staged_dres_out(%g_at) : (index) -> vector<${V}x${T}>
-                scf.yield %s : vector<${V}x${T}>
+                %s = func.call @normir_load_staged_dres_out(%g_at) : (index) -> vector<${V}x${GT}>
+                scf.yield %s : vector<${V}x${GT}>
               } else {
                 %false = arith.constant false
                 %l = func.call @normir_load_dres_out(%dres_out_arg, %row, %col, %rows, %dres_out_stride, %pol_first, %false)
-                    : (memref<${N}x${T}>, index, index, index, index, i64, i1) -> vector<${V}x${T}>
-                scf.yield %l : vector<${V}x${T}>
+                    : (memref<${N}x${GT}>, index, index, index, index, i64, i1) -> vector<${V}x${GT}>
+                scf.yield %l : vector<${V}x${GT}>
               }
-              scf.yield %v : vector<${V}x${T}>
+              scf.yield %v : vector<${V}x${GT}>
             }
-            %gf = ${EXT_T} %gv : vector<${V}x${T}> to vector<${V}xf32>
+            %gf = ${EXT_GT} %gv : vector<${V}x${GT}> to vector<${V}xf32>
             %sum = arith.addf %dxf, %gf : vector<${V}xf32>
             scf.yield %sum : vector<${V}xf32>
           } else {

@@ -156,15 +156,15 @@ def fused_fwd(n, x, r=None, w="", b=None, s=None, o=None, offset=0.0, *, eps=1e-
 
 
 def fused_bwd(n, x, r=None, w="", b=None, s=None, o=None, offset=0.0, *, dres_out=True, atomic=False,
-              vec=0, kernel="fused_add_rmsnorm_bwd") -> list[dict]:
+              vec=0, kernel="fused_add_rmsnorm_bwd", g=None) -> list[dict]:
     """The backward specializations autograd launches after fused_fwd with these dtypes: the
     row kernel (residual_out in s or r or x, dy in o or x, dx in x, dresidual in r where it
-    differs) and the column sums of dw and db."""
+    differs, d_residual_out in g or residual_out's) and the column sums of dw and db."""
     h = (s or r) if r else x
     out = [dict(kernel=kernel, n=n, dtype=h, wdtype=w or x, eps=BWD_KEY_EPS, target="sm_90",
                 has_weight=w is not None, store_rstd=False, vec=vec, atomic_dw=atomic,
                 rdtype=r if r and r != x else "", odtype=o or x, xdtype=x, bdtype="f32" if b else "",
-                has_dres_out=bool(r) and dres_out, weight_offset=offset)]
+                has_dres_out=(bool(r) or bool(g)) and dres_out, weight_offset=offset, gdtype=g or "")]
     sums = [t for t in ((w or x) if w is not None else None, b) if t]  # dw's type, db's (one launch)
     if sums and not atomic:
         out.append(dict(kernel="rmsnorm_dw_reduce", n=n, dtype="f32", wdtype=sums[0], eps=BWD_KEY_EPS, target="sm_90",
@@ -225,7 +225,7 @@ def specializations() -> list[dict]:
         plan += [_fwd(n, "bf16", "bf16", store_rstd=False), _fwd(n, "bf16", "bf16")]
         plan += _bwd(n, "bf16", "bf16") + _bwd(n, "bf16", "bf16", atomic=True)
     plan += fused_specializations() + layer_specializations() + swap_specializations() + integration_specializations()
-    plan += stage_dres_specializations()
+    plan += stage_dres_specializations() + training_specializations()
     seen, out = set(), []
     for p in plan:
         k = tuple(sorted(p.items()))
@@ -477,4 +477,55 @@ def integration_specializations() -> list[dict]:
         for x, r, w, b, o in table:
             plan += [fwd(n, x, r, w, b, o=o, store_rstd=s) for s in (True, False)]
             plan += bwd(n, x, r, w, b, o=o) + (bwd(n, x, r, w, b, o=o, dres_out=False) if r else [])
+    return plan
+
+
+# test_gpu_training.py: the compiled keyword families' (eps, weight_offset) values, torch.func's
+# hidden size, the backwards' dtype rule's N, LayerNorm's tiny rows.
+TRAINING_FLOATS = ((1e-6, 0.5), (1e-5, 1.0))
+FUNC_N = 64
+GRAD_DTYPE_N = (100, 4096)
+TINY_N = (2, 3, 4, 5, 8)
+
+
+def training_specializations() -> list[dict]:
+    """What test_gpu_training.py launches: the compiled forms (bf16, N = INTEGRATION_N) at each
+    eps and weight offset, with their backwards; torch.func's (fp32, FUNC_N), each forward with and
+    without its statistics and residual_out (a transform without a gradient stores none), each
+    backward with and without d_residual_out (an unused residual_out's gradient may come as
+    zeros); the dtype rule's forwards and backwards with dy and d_residual_out in other types; and
+    LayerNorm's tiny rows (fp32, no weight)."""
+    n, plan = INTEGRATION_N, []
+    for eps, offset in TRAINING_FLOATS:
+        plan += [_fwd(n, "bf16", "bf16", eps=eps)] + _bwd(n, "bf16", "bf16")
+        plan += [fused_fwd(n, "bf16", "bf16", "", "bf16", offset=offset, eps=eps)]
+        plan += fused_bwd(n, "bf16", "bf16", "", "bf16", offset=offset)
+        plan += [fused_fwd(n, "bf16", "bf16", "", None, s="f32", o="f32", eps=eps)]
+        plan += fused_bwd(n, "bf16", "bf16", "", None, s="f32", o="f32")
+        plan += [layer_fwd(n, "bf16", None, "", "bf16", eps=eps)] + layer_bwd(n, "bf16", None, "", "bf16")
+        plan += [layer_fwd(n, "bf16", "bf16", "", "bf16", s="f32", eps=eps)]
+        plan += layer_bwd(n, "bf16", "bf16", "", "bf16", s="f32")
+    n = FUNC_N
+    for stored in (False, True):
+        plan += [_fwd(n, "f32", "f32", store_rstd=stored),
+                 fused_fwd(n, "f32", "f32", "", "f32", store_rstd=stored, store_residual=stored),
+                 layer_fwd(n, "f32", None, "", "f32", store_rstd=stored),
+                 layer_fwd(n, "f32", "f32", "", "f32", store_rstd=stored)]
+    plan += _bwd(n, "f32", "f32") + layer_bwd(n, "f32", None, "", "f32")
+    for dres_out in (False, True):
+        plan += fused_bwd(n, "f32", "f32", "", "f32", dres_out=dres_out)
+        plan += layer_bwd(n, "f32", "f32", "", "f32", dres_out=dres_out)
+    dts = ("f32", "f16", "bf16")
+    for n in GRAD_DTYPE_N:
+        for x in dts:
+            plan += [_fwd(n, x, x), fused_fwd(n, x, None, "", x), layer_fwd(n, x, None, "", x)]
+            for g in dts:
+                if g == x:
+                    continue
+                plan += [dict(d, odtype=g) if d["kernel"] == "rmsnorm_bwd" else d for d in _bwd(n, x, x)]
+                y = next(d for d in dts if d not in (x, g))
+                plan += fused_bwd(n, x, None, "", x, o=y, g=g) + layer_bwd(n, x, None, "", x, o=y, g=g)
+    plan += [fused_fwd(2048, "bf16", "bf16", "", None)] + fused_bwd(2048, "bf16", "bf16", "", None, o="f32", g="f32")
+    for n in TINY_N:
+        plan += [layer_fwd(n, "f32", None, None, None)] + layer_bwd(n, "f32", None, None, None)
     return plan

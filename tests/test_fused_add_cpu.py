@@ -95,8 +95,11 @@ def test_fake_checks(fake):
     h, rstd = fake((4, 256), F32), fake((4,), F32)
     with pytest.raises(ValueError, match=r"dy must match residual_out in shape and device: dy is \(4, 128\)"):
         normir.fused_add_rmsnorm_bwd(fake((4, 128)), h, None, rstd)
-    with pytest.raises(ValueError, match=r"d_residual_out must match residual_out in shape, dtype and device"):
-        normir.fused_add_rmsnorm_bwd(x, h, None, rstd, x)  # residual_out is f32, d_residual_out bf16
+    with pytest.raises(ValueError, match=r"d_residual_out must match residual_out in shape and device: d_residual_out "
+                                         r"is \(4, 128\)"):
+        normir.fused_add_rmsnorm_bwd(x, h, None, rstd, fake((4, 128)))
+    with pytest.raises(TypeError, match=r"d_residual_out has dtype torch.int32; normir supports"):
+        normir.fused_add_rmsnorm_bwd(x, h, None, rstd, fake((4, 256), torch.int32))
     with pytest.raises(ValueError, match=r"rstd must be the float32 tensor of shape residual_out\.shape\[:-1\]"):
         normir.fused_add_rmsnorm_bwd(x, h, None, fake((5,), F32))
     with pytest.raises(TypeError, match=r"has_bias must be a bool, got NoneType"):

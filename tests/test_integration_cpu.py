@@ -1,10 +1,14 @@
 """PyTorch integration without a GPU: the double backward's error on every autograd path (the
 eager Functions and the custom ops' registered autograd, with the launches replaced by float32
-torch math on CPU tensors), and the output dtypes under torch.autocast("cuda") against torch's own
-norms on fake CUDA tensors (the dispatcher applies autocast's casts to them as to real ones).
-tests/test_gpu_integration.py runs the same on the GPU, with torch.compile and CUDA graphs."""
+torch math on CPU tensors), torch.func's transforms over every op (the same launches), the ops
+defined by `import normir` alone, and the output dtypes under torch.autocast("cuda") against
+torch's own norms on fake CUDA tensors (the dispatcher applies autocast's casts to them as to real
+ones). tests/test_gpu_integration.py runs the same on the GPU, with torch.compile and CUDA graphs."""
 
 from __future__ import annotations
+
+import subprocess
+import sys
 
 import pytest
 import torch
@@ -74,7 +78,9 @@ def _launch_bwd(dy, residual_out, weight, rstd, d_residual_out, bias_dtype, weig
 
 @pytest.fixture
 def cpu_launches(monkeypatch):
-    """Every launch the autograd paths make, as CPU torch math (no checks: they need CUDA tensors)."""
+    """Every launch the autograd paths make, as CPU torch math, and CPU tensors taken by the
+    checks (the custom ops' fake implementations run them)."""
+    monkeypatch.setattr(_rows, "on_gpu", lambda t: True)
     monkeypatch.setattr(rmsnorm, "_fwd", _rms_fwd)
     monkeypatch.setattr(rmsnorm, "_bwd", _rms_bwd)
     for module in (_fused, fused_add_rmsnorm, layernorm):
@@ -156,6 +162,158 @@ def test_first_derivatives_unchanged_by_create_graph(cpu_launches):
     want = torch.autograd.grad((yd, hd), (xd, rd, wd, bd), (dy.double(), dh.double()))
     for g, e in zip(got, want):
         assert torch.allclose(g.double(), e, rtol=1e-4, atol=1e-4)
+
+
+# ---------------------------------------------------------------------------- torch.func
+
+# Each op family through torch.func: f(x, r, w, b) -> y, and its float64 reference in torch math
+# (the launches above are float32 torch math, so results agree to float32 rounding).
+
+
+def _rms_ref(h, w, b=None, offset=0.0, eps=1e-6):
+    y = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + eps) * (w + offset)
+    return y + b if b is not None else y
+
+
+def _ln_ref(h, w, b, eps=1e-5):
+    return torch.nn.functional.layer_norm(h, h.shape[-1:], w, b, eps)
+
+
+FUNC = {
+    "rmsnorm": (lambda x, r, w, b: normir.rmsnorm(x, w), lambda x, r, w, b: _rms_ref(x, w)),
+    "rmsnorm residual bias offset": (
+        lambda x, r, w, b: normir.rmsnorm(x, w, residual=r, bias=b, weight_offset=0.5, prenorm=True)[0],
+        lambda x, r, w, b: _rms_ref(x + r, w, b, 0.5)),
+    "fused_add_rmsnorm residual_out": (lambda x, r, w, b: normir.fused_add_rmsnorm(x, r, w)[1] * 2,
+                                       lambda x, r, w, b: (x + r) * 2),
+    "layernorm": (lambda x, r, w, b: normir.layernorm(x, w, b), lambda x, r, w, b: _ln_ref(x, w, b)),
+    "fused_add_layernorm": (lambda x, r, w, b: normir.fused_add_layernorm(x, r, w, b, prenorm=False),
+                            lambda x, r, w, b: _ln_ref(x + r, w, b)),
+    "RMSNorm module": (lambda x, r, w, b: torch.func.functional_call(normir.RMSNorm(16), {"weight": w}, (x,)),
+                       lambda x, r, w, b: _rms_ref(x, w)),
+    "LayerNorm module": (lambda x, r, w, b: torch.func.functional_call(normir.LayerNorm(16), {"weight": w, "bias": b},
+                                                                       (x,)),
+                         lambda x, r, w, b: _ln_ref(x, w, b)),
+}
+
+
+def _func_inputs(seed=0, shape=(3, 4, 16)):
+    gen = torch.Generator().manual_seed(seed)
+    x, r, dy = (torch.randn(shape, generator=gen) for _ in range(3))
+    w, b = torch.randn(shape[-1], generator=gen) + 1, torch.randn(shape[-1], generator=gen)
+    return x, r, w, b, dy
+
+
+def _close(got, want):
+    got, want = (g if isinstance(g, tuple) else (g,) for g in (got, want))
+    return len(got) == len(want) and all(torch.allclose(g.double(), e.double(), rtol=1e-4, atol=1e-4)
+                                         for g, e in zip(got, want))
+
+
+def _f64(*ts):
+    return tuple(t.double() for t in ts)
+
+
+@pytest.mark.parametrize("name", sorted(FUNC))
+def test_func_grad_vjp_jacrev(cpu_launches, name):
+    f, ref = FUNC[name]
+    x, r, w, b, dy = _func_inputs()
+    args, args64 = (x, r, w, b), _f64(x, r, w, b)
+    for nums in ((0,), (0, 1, 2, 3)):
+        got = torch.func.grad(lambda *a: (f(*a) * dy).sum(), argnums=nums)(*args)
+        want = torch.func.grad(lambda *a: (ref(*a) * dy.double()).sum(), argnums=nums)(*args64)
+        assert _close(got, want), (name, nums)
+    out, pull = torch.func.vjp(f, *args)
+    out64, pull64 = torch.func.vjp(ref, *args64)
+    assert _close(out, out64) and _close(pull(dy), pull64(dy.double()))
+    for nums in (0, 2):  # one row's Jacobian: dx (a vmap of the backward over basis vectors), dw
+        got = torch.func.jacrev(f, argnums=nums)(x[0, 0], r[0, 0], w, b)
+        want = torch.func.jacrev(ref, argnums=nums)(x[0, 0].double(), r[0, 0].double(), w.double(), b.double())
+        assert _close(got, want), (name, nums)
+
+
+@pytest.mark.parametrize("name", sorted(FUNC))
+def test_func_vmap(cpu_launches, name):
+    f, ref = FUNC[name]
+    x, r, w, b, dy = _func_inputs()
+    # The vmapped dim leading or not, the residual batched or not (then a row of x's per-sample
+    # shape), and per-sample weights and biases (one of each per element of the vmapped dim).
+    ws, bs = w.expand(3, -1) + torch.randn(3, 16), b.expand(3, -1) + torch.randn(3, 16)
+    for dims, args in (((0, 0, None, None), (x, r, w, b)), ((1, 1, None, None), (x, r, w, b)),
+                       ((1, None, None, None), (x, r[:, 0], w, b)), ((0, 0, 0, 0), (x, r, ws, bs))):
+        got = torch.func.vmap(f, in_dims=dims)(*args)
+        assert _close(got, torch.func.vmap(ref, in_dims=dims)(*_f64(*args))), (name, dims)
+
+
+@pytest.mark.parametrize("name", sorted(FUNC))
+def test_func_per_sample_gradients(cpu_launches, name):
+    # vmap(grad): each element of the vmapped dim has its own dw and db (not summed over it).
+    f, ref = FUNC[name]
+    x, r, w, b, dy = _func_inputs()
+
+    def per_sample(fn, *args):
+        loss = lambda x, r, w, b, dy: (fn(x, r, w, b) * dy).sum()  # noqa: E731
+        return torch.func.vmap(torch.func.grad(loss, argnums=(0, 2, 3)), in_dims=(0, 0, None, None, 0))(*args)
+
+    got = per_sample(f, x, r, w, b, dy)
+    assert got[1].shape == (3, 16)
+    assert _close(got, per_sample(ref, *_f64(x, r, w, b, dy)))
+    loop = [torch.func.grad(lambda w, i=i: (f(x[i], r[i], w, b) * dy[i]).sum())(w) for i in range(3)]
+    assert _close(got[1], torch.stack(loop))
+
+
+def test_func_low_level_backwards_vmap(cpu_launches):
+    # The backward ops themselves vmapped over dy (what jacrev does), dw per sample.
+    x, r, w, b, dy = _func_inputs()
+    rstd = torch.rsqrt(x.pow(2).mean(-1) + 1e-6)
+    dys = torch.randn(5, *x.shape)
+    got = torch.func.vmap(lambda d: normir.rmsnorm_bwd(x, w, d, rstd))(dys)
+    for i in range(5):
+        want = normir.rmsnorm_bwd(x, w, dys[i], rstd)
+        assert all(torch.allclose(g[i], e) for g, e in zip(got, want))
+    got = torch.func.vmap(lambda d: normir.fused_add_layernorm_bwd(d, x, w, x.mean(-1), rstd, d, has_bias=True))(dys)
+    for i in range(5):
+        want = normir.fused_add_layernorm_bwd(dys[i], x, w, x.mean(-1), rstd, dys[i], has_bias=True)
+        assert all(torch.allclose(g[i], e) for g, e in zip(got, want))
+
+
+def test_func_forward_mode_and_second_derivatives_refused(cpu_launches):
+    x, r, w, b, dy = _func_inputs()
+    with pytest.raises(NotImplementedError, match=r"normir::rmsnorm_fwd has no forward-mode derivative .*jvp"):
+        torch.func.jvp(lambda x: normir.rmsnorm(x, w), (x,), (dy,))
+    with pytest.raises(NotImplementedError, match=r"normir::layernorm_fwd has no forward-mode derivative"):
+        torch.func.jacfwd(lambda x: normir.layernorm(x, w, b))(x[0, 0])
+    with pytest.raises(NotImplementedError, match=r"no forward-mode derivative"):  # hessian: jacfwd of jacrev
+        torch.func.hessian(lambda x: normir.rmsnorm(x, w).sum())(x[0, 0])
+    with pytest.raises(RuntimeError, match=r"has no double backward: normir's kernels compute first derivatives"):
+        torch.func.jacrev(torch.func.jacrev(lambda x: normir.rmsnorm(x, w)))(x[0, 0])
+    with pytest.raises(RuntimeError, match=r"has no double backward"):
+        torch.func.grad(lambda x: torch.func.grad(lambda x: (normir.layernorm(x, w, b) * dy).sum())(x).sum())(x)
+
+
+# ---------------------------------------------------------------------------- import normir
+
+
+def _fresh(code: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-W", "error", "-c", code], capture_output=True, text=True, timeout=300)
+
+
+@pytest.mark.parametrize("order", ["import torch, normir", "import normir, torch", "import normir, torch.nn",
+                                   "from normir.ops.layernorm import layernorm", "import normir.ops.swap"])
+def test_import_normir_defines_every_op(order):
+    # A saved graph that names torch.ops.normir.*, loaded in a new process, finds its ops after
+    # `import normir`, in either order of the imports; nothing else of normir is touched first.
+    ops = ", ".join(repr(f"{o}") for o in ("rmsnorm_fwd", "rmsnorm_bwd", "fused_add_rmsnorm_fwd",
+                                           "fused_add_rmsnorm_bwd", "layernorm_fwd", "layernorm_bwd"))
+    r = _fresh(f"{order}\nimport torch\nfor op in ({ops},):\n    getattr(torch.ops.normir, op).default\n"
+               "print('ok')")
+    assert r.returncode == 0 and r.stdout == "ok\n", r.stderr
+
+
+def test_import_normir_alone_loads_no_torch():
+    r = _fresh("import sys, normir, normir.cli, normir.compiler, normir.options\n"
+               "assert 'torch' not in sys.modules, 'torch was imported'")
+    assert r.returncode == 0, r.stderr
 
 
 # ---------------------------------------------------------------------------- autocast

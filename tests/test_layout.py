@@ -114,13 +114,13 @@ def test_key_string_is_stable_text():
     o = Options(kernel="rmsnorm_fwd", n=4096)
     assert o.key_string() == (
         "kernel='rmsnorm_fwd';n=4096;dtype='bf16';wdtype='bf16';eps=9.999999974752427e-07;target='sm_90';"
-        "has_weight=True;store_rstd=False;vec=8;atomic_dw=False;rdtype='';sdtype='';odtype='';xdtype='';bdtype='';"
-        "store_residual=False;has_dres_out=False;weight_offset=0.0;tpr=0;cluster=0;l2_prefetch=-1;stage=-1;"
+        "has_weight=True;store_rstd=False;vec=8;atomic_dw=False;rdtype='';sdtype='';odtype='';xdtype='';gdtype='';"
+        "bdtype='';store_residual=False;has_dres_out=False;weight_offset=0.0;tpr=0;cluster=0;l2_prefetch=-1;stage=-1;"
         "min_blocks=0;max_regs=0;hints=-1;overlap=-1;cache_row=-1;batch_reload=-1;db_smem=-1;two_pass=-1;cast_words=-1;"
         "stage_dres=-1"
     )
     assert o.digest() == hashlib.sha256(o.key_string().encode()).hexdigest()
-    assert o.digest() == "69c4f6051c50ac9f164b0aa20817bfe235bfd05f0133c548183d0b7adcdab766"
+    assert o.digest() == "6a135b8e75b92a5c5d0d1a27cbf2970c58ad9204af0dbe67f537537b4ed16861"
     assert "layout" not in o.key_string()
 
 
@@ -129,11 +129,12 @@ _ALTERNATIVES = dict(kernel="rmsnorm_bwd", n=2048, dtype="f16", wdtype="f32", ep
                      l2_prefetch=0, stage=0, min_blocks=2, max_regs=64, hints=0, overlap=0, cache_row=0, batch_reload=0,
                      db_smem=0, cast_words=0, two_pass=0, stage_dres=0,
                      rdtype="f32", sdtype="f32", odtype="f32", xdtype="f32", bdtype="f32", store_residual=True,
-                     has_dres_out=True, weight_offset=1.0)
+                     has_dres_out=True, weight_offset=1.0, gdtype="f32")
 # The kernel each field is tried on (one that takes it), and the fields it needs set beside it.
 _BASES = {"cache_row": dict(kernel="rmsnorm_bwd"), "max_regs": dict(kernel="rmsnorm_bwd"),
           "xdtype": dict(kernel="fused_add_rmsnorm_bwd"),
           "has_dres_out": dict(kernel="fused_add_rmsnorm_bwd"),
+          "gdtype": dict(kernel="fused_add_rmsnorm_bwd", has_dres_out=True),
           **{f: dict(kernel="fused_add_rmsnorm_fwd", rdtype="bf16") for f in ("sdtype", "store_residual")},
           **{f: dict(kernel="fused_add_rmsnorm_fwd") for f in ("rdtype", "odtype", "bdtype", "weight_offset")}}
 

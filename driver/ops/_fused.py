@@ -13,7 +13,7 @@ import torch
 
 from .. import launch as L
 from . import _rows as R
-from ._rows import BWD_KEY_EPS, check_eps, check_input, check_like, check_stat, rows_of
+from ._rows import BWD_KEY_EPS, check_eps, check_grad, check_input, check_stat, rows_of
 
 # ---------------------------------------------------------------------------- checks
 
@@ -26,9 +26,13 @@ def check_dtype(dt: torch.dtype | None, name: str) -> str | None:
     return L.dtype_name(dt, name)
 
 
-def check_offset(weight_offset: float, weight: torch.Tensor | None) -> float:
-    if isinstance(weight_offset, bool) or not isinstance(weight_offset, (int, float)) \
-            or not math.isfinite(float(weight_offset)):
+def check_offset(weight_offset: float, weight: torch.Tensor | None, values: bool = True) -> float:
+    """weight_offset as a float, checked; values=False: its type only (see _rows.check_eps)."""
+    if isinstance(weight_offset, bool) or not isinstance(weight_offset, (int, float)):
+        raise TypeError(f"weight_offset must be a finite float, got {weight_offset!r}")
+    if not values:
+        return weight_offset
+    if not math.isfinite(float(weight_offset)):
         raise TypeError(f"weight_offset must be a finite float, got {weight_offset!r}")
     if weight_offset != 0.0 and weight is None:
         raise ValueError("weight_offset scales by (weight + weight_offset): it needs a weight; pass one or leave "
@@ -36,8 +40,10 @@ def check_offset(weight_offset: float, weight: torch.Tensor | None) -> float:
     return float(weight_offset)
 
 
-def fwd_checks(x, residual, weight, bias, eps, residual_dtype, out_dtype, weight_offset):
-    eps = check_eps(eps)
+def fwd_checks(x, residual, weight, bias, eps, residual_dtype, out_dtype, weight_offset, values=True):
+    """The forward's checks; values=False leaves the floats' values to the custom op's fake
+    implementation (a wrapper about to call the op: see _rows.check_eps)."""
+    eps = check_eps(eps, values)
     check_input(x, "x")
     n = x.shape[-1]
     if residual is not None:
@@ -49,7 +55,7 @@ def fwd_checks(x, residual, weight, bias, eps, residual_dtype, out_dtype, weight
     b = R.check_weight(bias, x, n, "bias")
     check_dtype(residual_dtype, "residual_dtype")
     check_dtype(out_dtype, "out_dtype")
-    return eps, n, w, b, check_offset(weight_offset, weight)
+    return eps, n, w, b, check_offset(weight_offset, weight, values)
 
 
 # ---------------------------------------------------------------------------- launches
@@ -167,21 +173,18 @@ def launch_fwd(x: torch.Tensor, residual: torch.Tensor | None, weight: torch.Ten
 
 
 def bwd_checks(dy, residual_out, weight, rstd, d_residual_out, bias_dtype, weight_offset, dx_dtype, dres_dtype,
-                made_by: str = "fused_add_rmsnorm_fwd(..., store_rstd=True)"):
+                made_by: str = "fused_add_rmsnorm_fwd(..., store_rstd=True)", values: bool = True):
     check_input(residual_out, "residual_out")
     n = residual_out.shape[-1]
-    check_input(dy, "dy")
-    if dy.shape != residual_out.shape or dy.device != residual_out.device:
-        raise ValueError(f"dy must match residual_out in shape and device: dy is {tuple(dy.shape)} on {dy.device}, "
-                         f"residual_out is {tuple(residual_out.shape)} on {residual_out.device}")
+    check_grad(dy, residual_out, "dy", "residual_out")
     if d_residual_out is not None:
-        check_like(d_residual_out, residual_out, "d_residual_out", "residual_out")
+        check_grad(d_residual_out, residual_out, "d_residual_out", "residual_out")
     w = R.check_weight(weight, residual_out, n)
     check_stat(rstd, residual_out, "rstd", made_by, "residual_out")
     check_dtype(bias_dtype, "bias_dtype")
     check_dtype(dx_dtype, "dx_dtype")
     check_dtype(dres_dtype, "dresidual_dtype")
-    return n, w, check_offset(weight_offset, weight)
+    return n, w, check_offset(weight_offset, weight, values)
 
 
 def _bwd_key(kernel, dy, h, weight, d_residual_out, bias_dtype, weight_offset, dx_dtype, dres_dtype, atomic,
@@ -299,7 +302,8 @@ def launch_bwd(dy: torch.Tensor, residual_out: torch.Tensor, weight: torch.Tenso
     dt = L.TORCH_DTYPES[residual_out.dtype]
     extra = (("rdtype", L.TORCH_DTYPES[dres.dtype] if dres is not None else ""), ("odtype", L.TORCH_DTYPES[dy.dtype]),
              ("xdtype", L.TORCH_DTYPES[dx_dt]), ("bdtype", "f32" if has_bias else ""),  # db's sums in fp32
-             ("has_dres_out", g2 is not None), ("weight_offset", offset))
+             ("has_dres_out", g2 is not None), ("weight_offset", offset),
+             ("gdtype", L.TORCH_DTYPES[g2.dtype] if g2 is not None else ""))  # d_residual_out in its own type
     with R.on_device(dev):
         p = R.plan(kernel, dev, n, dt, L.TORCH_DTYPES[w.dtype] if w is not None else dt, BWD_KEY_EPS,
                    w is not None, False, vec, atomic, extra)

@@ -26,36 +26,52 @@ from ..runtime import LaunchHandle
 # ---------------------------------------------------------------------------- checks
 
 
-def check_eps(eps: float) -> float:
+def check_eps(eps: float, values: bool = True) -> float:
+    """eps as a float, checked. values=False: its type only. A wrapper that calls a custom op
+    passes False: under torch.compile eps may be a float Dynamo traces, on which a value check
+    (math.isfinite) cannot run; the op's fake implementation runs the whole check at trace time,
+    on the value the graph is specialized for, with the same message."""
     if isinstance(eps, bool) or not isinstance(eps, (int, float)):
         raise TypeError(f"eps must be a float, got {type(eps).__name__}")
+    if not values:
+        return eps
     eps = float(eps)
     if not (math.isfinite(eps) and eps >= FLT_MIN):
         raise ValueError(f"eps={eps!r} must be a finite float >= {FLT_MIN:g} (a normal float32), e.g. 1e-6")
     return eps
 
 
+def on_gpu(t: torch.Tensor) -> bool:
+    """Where the kernels can run: a CUDA (or ROCm) tensor. (The CPU tier's autograd and torch.func
+    tests replace the launches with CPU math and this test with True.)"""
+    return t.is_cuda
+
+
 def check_input(x: torch.Tensor, name: str) -> str:
     """A row tensor: on a GPU, a supported dtype, 1 <= N <= MAX_N. Returns its dtype's name."""
     if not isinstance(x, torch.Tensor):
         raise TypeError(f"{name} must be a torch.Tensor, got {type(x).__name__}")
-    if not x.is_cuda:
+    if not on_gpu(x):
         raise ValueError(f"{name} is on {x.device}; normir runs on GPUs: move it with {name}.cuda()")
     dt = L.dtype_name(x.dtype, name)
     if x.dim() < 1:
         raise ValueError(f"{name} must have at least one dimension (the normalized one), got a scalar")
-    n = x.shape[-1]
+    # int(): a size torch.compile traces symbolically is specialized here (the fake
+    # implementations run these checks): N is a compile-time constant of every kernel, so a graph
+    # is made per N, and only the leading (batch) sizes stay dynamic.
+    n = int(x.shape[-1])
     if not 1 <= n <= MAX_N:
         raise ValueError(f"{name}.shape[-1] = {n} is out of range: normir supports 1 <= N <= {MAX_N}")
     return dt
 
 
-def check_like(t: torch.Tensor, x: torch.Tensor, name: str, x_name: str = "x") -> None:
-    """A row tensor that must match x (named x_name) in shape, dtype and device (dy)."""
+def check_grad(t: torch.Tensor, x: torch.Tensor, name: str, x_name: str = "x") -> None:
+    """An incoming gradient (dy, d_residual_out): a row tensor of x's (named x_name) shape and
+    device, in any of the three float dtypes whatever x's (the kernels read it in its own type)."""
     check_input(t, name)
-    if t.shape != x.shape or t.dtype != x.dtype or t.device != x.device:
-        raise ValueError(f"{name} must match {x_name} in shape, dtype and device: {name} is {tuple(t.shape)} "
-                         f"{t.dtype} on {t.device}, {x_name} is {tuple(x.shape)} {x.dtype} on {x.device}")
+    if t.shape != x.shape or t.device != x.device:
+        raise ValueError(f"{name} must match {x_name} in shape and device: {name} is {tuple(t.shape)} on "
+                         f"{t.device}, {x_name} is {tuple(x.shape)} on {x.device}")
 
 
 def check_weight(weight: torch.Tensor | None, x: torch.Tensor, n: int, name: str = "weight") -> torch.Tensor | None:
@@ -259,10 +275,14 @@ BWD_KEY_EPS = 1e-6  # kernels that do not use eps take one value: one binary per
 # ---------------------------------------------------------------------------- eager or traced
 
 
+_functorch_active = torch._C._are_functorch_transforms_active
+
+
 def eager(x: object) -> bool:
-    """Launch directly (a plain tensor, not under torch.compile), or go through the custom op
-    (tracing, fake or functional tensors). The custom op's dispatch costs tens of microseconds."""
-    return type(x) is torch.Tensor and not torch.compiler.is_compiling()
+    """Launch directly (a plain tensor, not under torch.compile nor a torch.func transform), or
+    go through the custom op (tracing, fake or functional tensors, torch.func's wrappers). The
+    custom op's dispatch costs tens of microseconds."""
+    return type(x) is torch.Tensor and not torch.compiler.is_compiling() and not _functorch_active()
 
 
 # ---------------------------------------------------------------------------- eager autograd
@@ -270,13 +290,10 @@ def eager(x: object) -> bool:
 
 def c_apply(fn: type[torch.autograd.Function]) -> Callable:
     """fn.apply without torch.autograd.Function.apply's Python layer, which routes functorch
-    transforms and unwraps the wrappers they leave behind: 2-5 us of host time per call on the
-    H200 machine (the apply of an identity Function: 11-13 us, 6-9 us without it). That layer
-    still runs while a functorch transform (vmap, grad, ...) is active."""
-    raw = super(_SingleLevelFunction, fn).apply
-    full = fn.apply
-    active = torch._C._are_functorch_transforms_active
-    return lambda *args: full(*args) if active() else raw(*args)
+    transforms (never active on the eager path: see eager) and unwraps the wrappers they leave
+    behind: 2-5 us of host time per call on the H200 machine (the apply of an identity Function:
+    11-13 us, 6-9 us without it)."""
+    return super(_SingleLevelFunction, fn).apply
 
 
 # ---------------------------------------------------------------------------- custom ops
@@ -291,19 +308,72 @@ LIB = torch.library.Library("normir", "DEF")
 
 class Op:
     """One operator of LIB, declared from its implementation's annotations (as custom_op does,
-    mutating nothing); register_fake and register_autograd as on custom_op's result."""
+    mutating nothing); register_fake and register_autograd as on custom_op's result, and a vmap
+    rule. Calling it calls the operator, or under a torch.func transform its Function (see
+    register_autograd)."""
 
     def __init__(self, name: str, fn: Callable):
+        self.name = name
         self.qualname = f"normir::{name}"
         LIB.define(name + torch.library.infer_schema(fn, mutates_args=()))
         LIB.impl(name, fn, "CompositeExplicitAutograd")  # every device: the checks name the fix
+        self.overload = getattr(torch.ops.normir, name).default
+        self.args = tuple(a.name for a in self.overload._schema.arguments)
+        self.func: type[torch.autograd.Function] | None = None
+        self.rows: tuple[int, ...] = ()
+        self.batched_outputs: Callable | None = None
+        torch.library.register_vmap(self.qualname, self._vmap, lib=LIB)
+
+    def __call__(self, *args):
+        if self.func is not None and not torch.compiler.is_compiling() and _functorch_active():
+            return self.func.apply(*args)
+        return self.overload(*args)
 
     def register_fake(self, fn: Callable) -> Callable:
         torch.library.register_fake(self.qualname, fn, lib=LIB)
         return fn
 
     def register_autograd(self, backward: Callable, *, setup_context: Callable) -> None:
+        """The op's autograd for the dispatcher (what torch.compile traces), and the same
+        formulas as an autograd.Function for torch.func's transforms, which do not run an
+        operator's registered autograd: its forward is the operator, vmapped by the op's vmap
+        rule (generate_vmap_rule), so that grad, vjp, jacrev and vmap of grad compose."""
         torch.library.register_autograd(self.qualname, backward, setup_context=setup_context, lib=LIB)
+        op, name = self.overload, self.qualname
+
+        def jvp(ctx, *_):
+            raise NotImplementedError(
+                f"{name} has no forward-mode derivative (torch.func.jvp, jacfwd, torch.autograd.forward_ad): "
+                "use reverse mode (torch.func.vjp, grad, jacrev), or torch's own norm for this layer")
+
+        self.func = type(f"{self.name}_func", (torch.autograd.Function,), {
+            "forward": staticmethod(lambda *args: op(*args)), "setup_context": staticmethod(setup_context),
+            "backward": staticmethod(backward), "jvp": staticmethod(jvp), "generate_vmap_rule": True})
+
+    def vmap_rows(self, rows: tuple[str, ...], batched_outputs: Callable) -> None:
+        """Let vmap take the op in one call when only its row tensors (the arguments named by
+        rows) are batched, the per-column ones (weight, bias) not: rows are independent, so the
+        vmapped dim is one more leading dim. batched_outputs(args) says which outputs then carry
+        it (the others are the (0,) placeholders of outputs not asked for). Without it (the
+        backwards: every sample's dw is its own) vmap runs the op once per sample."""
+        self.rows = tuple(self.args.index(r) for r in rows)
+        self.batched_outputs = batched_outputs
+
+    def _vmap(self, info, in_dims, *args):
+        b = info.batch_size
+        if self.batched_outputs is not None and all(d is None or i in self.rows for i, d in enumerate(in_dims)):
+            i, d = next((i, d) for i, d in enumerate(in_dims) if d is not None)
+            shape = args[i].shape[:d] + args[i].shape[d + 1:]
+            moved = list(args)
+            for i in self.rows:
+                if args[i] is not None:
+                    moved[i] = args[i].movedim(in_dims[i], 0) if in_dims[i] is not None else args[i].expand(b, *shape)
+            return self.overload(*moved), tuple(0 if on else None for on in self.batched_outputs(*args))
+        if b == 0:
+            raise ValueError(f"{self.qualname} under torch.func.vmap: the vmapped dimension has size 0 (no samples)")
+        per = [self.overload(*(a.select(d, i) if d is not None else a for a, d in zip(args, in_dims)))
+               for i in range(b)]
+        return tuple(torch.stack(o) for o in zip(*per)), (0,) * len(per[0])
 
 
 def custom_op(name: str) -> Callable[[Callable], Op]:
@@ -357,14 +427,21 @@ DOUBLE_BACKWARD = (
 
 
 class _NoDoubleBackward(torch.autograd.Function):
-    """The identity on the gradients a backward returned, made a node of the graph that
-    create_graph=True builds, with every tensor those gradients depend on as an input; its own
-    backward (the second derivative) raises DOUBLE_BACKWARD."""
+    """The identity on the first `count` tensors (the gradients a backward returned), made a
+    node of the graph that create_graph=True builds, with the other tensors (every tensor those
+    gradients depend on) as inputs; its own backward (the second derivative) raises its message.
+    In setup_context form with a generated vmap rule, so that torch.func's transforms (which
+    always build that graph) take it too."""
+
+    generate_vmap_rule = True
 
     @staticmethod
-    def forward(ctx, message, grads, *depends_on):
-        ctx.message = message
-        return grads  # tensors made by the kernels, not inputs: they get this node as grad_fn
+    def forward(message, count, *tensors):
+        return tensors[:count]  # tensors made by the kernels: they get this node as grad_fn
+
+    @staticmethod
+    def setup_context(ctx, inputs, output):
+        ctx.message = inputs[0]
 
     @staticmethod
     def backward(ctx, *_):
@@ -408,6 +485,6 @@ def _guard(message: str, grads, depends_on: tuple) -> object:
     unique = {id(g): g for g in seq if isinstance(g, torch.Tensor)}  # dx may be both dx and dresidual
     if not deps or not unique:
         return grads  # nothing to differentiate: no second derivative exists
-    guarded = dict(zip(unique, _NoDoubleBackward.apply(message, tuple(unique.values()), *deps)))
+    guarded = dict(zip(unique, _NoDoubleBackward.apply(message, len(unique), *unique.values(), *deps)))
     out = tuple(guarded.get(id(g), g) if isinstance(g, torch.Tensor) else g for g in seq)
     return out if isinstance(grads, tuple) else out[0]

@@ -105,6 +105,8 @@ def _fwd_backward(ctx, dy, d_res_out, _drstd):
 
 
 _fwd_op.register_autograd(_fwd_backward, setup_context=_fwd_setup)
+_fwd_op.vmap_rows(("x", "residual"), lambda x, residual, *args: (
+    True, args[-1] and residual is not None, args[-2]))  # y; residual_out, rstd where stored
 
 
 # ---------------------------------------------------------------------------- public API
@@ -123,9 +125,9 @@ def fused_norm(x, residual, weight, bias, eps, residual_dtype, out_dtype, weight
         y, res_out = eager_forward((FWD, BWD), x, residual, weight, bias, eps, residual_dtype, out_dtype, weight_offset,
                                    prenorm)
     else:  # the checks first: the dispatcher's own type errors name no fix
-        fwd_checks(x, residual, weight, bias, eps, residual_dtype, out_dtype, weight_offset)
+        fwd_checks(x, residual, weight, bias, eps, residual_dtype, out_dtype, weight_offset, values=False)
         grad = torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in (x, residual, weight, bias))
-        y, res_out, _ = torch.ops.normir.fused_add_rmsnorm_fwd(x, residual, weight, bias, eps, residual_dtype,
+        y, res_out, _ = _fwd_op(x, residual, weight, bias, eps, residual_dtype,
                                                               out_dtype, weight_offset, grad, grad or prenorm)
     if not prenorm:
         return y
@@ -153,8 +155,8 @@ def fused_add_rmsnorm_fwd(x: torch.Tensor, residual: torch.Tensor | None, weight
         y, res_out, rstd, _ = launch_fwd(x, residual, weight, bias, eps, residual_dtype, out_dtype, weight_offset,
                                          store_rstd, True, FWD)
     else:
-        fwd_checks(x, residual, weight, bias, eps, residual_dtype, out_dtype, weight_offset)
-        y, res_out, rstd = torch.ops.normir.fused_add_rmsnorm_fwd(x, residual, weight, bias, eps, residual_dtype,
+        fwd_checks(x, residual, weight, bias, eps, residual_dtype, out_dtype, weight_offset, values=False)
+        y, res_out, rstd = _fwd_op(x, residual, weight, bias, eps, residual_dtype,
                                                                   out_dtype, weight_offset, store_rstd, True)
     return y, (res_out if residual is not None else x), (rstd if store_rstd else None)
 
@@ -178,8 +180,8 @@ def fused_add_rmsnorm_bwd(dy: torch.Tensor, residual_out: torch.Tensor, weight: 
                                       dx_dtype, dresidual_dtype, atomic, kernel=BWD)
     else:
         bwd_checks(dy, residual_out, weight, rstd, d_residual_out, bias_dtype, weight_offset, dx_dtype,
-                   dresidual_dtype)
-        dx, dres, dw, db = torch.ops.normir.fused_add_rmsnorm_bwd(dy, residual_out, weight, rstd, d_residual_out,
+                   dresidual_dtype, values=False)
+        dx, dres, dw, db = _bwd_op(dy, residual_out, weight, rstd, d_residual_out,
                                                                   bias_dtype, weight_offset, dx_dtype, dresidual_dtype)
         dres = dres if dres.numel() else None
         dw, db = (dw if weight is not None else None), (db if has_bias else None)

@@ -106,6 +106,8 @@ def _fwd_backward(ctx, dy, d_res_out, _dmean, _drstd):
 
 
 _fwd_op.register_autograd(_fwd_backward, setup_context=_fwd_setup)
+_fwd_op.vmap_rows(("x", "residual"), lambda x, residual, *args: (
+    True, args[-1] and residual is not None, args[-2], args[-2]))  # y; residual_out, mean, rstd where stored
 
 
 # ---------------------------------------------------------------------------- public API
@@ -134,9 +136,9 @@ def layernorm(x: torch.Tensor, weight: torch.Tensor | None = None, bias: torch.T
         y, res_out = eager_forward((FWD, BWD), x, residual, weight, bias, eps, residual_dtype, out_dtype, 0.0,
                                    prenorm)
     else:  # the checks first: the dispatcher's own type errors name no fix
-        fwd_checks(x, residual, weight, bias, eps, residual_dtype, out_dtype, 0.0)
+        fwd_checks(x, residual, weight, bias, eps, residual_dtype, out_dtype, 0.0, values=False)
         grad = torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in (x, residual, weight, bias))
-        y, res_out, _, _ = torch.ops.normir.layernorm_fwd(x, residual, weight, bias, eps, residual_dtype, out_dtype,
+        y, res_out, _, _ = _fwd_op(x, residual, weight, bias, eps, residual_dtype, out_dtype,
                                                           grad, grad or prenorm)
     if not prenorm:
         return y
@@ -164,8 +166,8 @@ def fused_add_layernorm_fwd(x: torch.Tensor, residual: torch.Tensor | None, weig
         y, res_out, rstd, mean = launch_fwd(x, residual, weight, bias, eps, residual_dtype, out_dtype, 0.0, store_stats,
                                       True, FWD)
     else:
-        fwd_checks(x, residual, weight, bias, eps, residual_dtype, out_dtype, 0.0)
-        y, res_out, mean, rstd = torch.ops.normir.layernorm_fwd(x, residual, weight, bias, eps, residual_dtype,
+        fwd_checks(x, residual, weight, bias, eps, residual_dtype, out_dtype, 0.0, values=False)
+        y, res_out, mean, rstd = _fwd_op(x, residual, weight, bias, eps, residual_dtype,
                                                                 out_dtype, store_stats, True)
     stats = (mean, rstd) if store_stats else (None, None)
     return y, (res_out if residual is not None else x), *stats
@@ -192,7 +194,7 @@ def fused_add_layernorm_bwd(dy: torch.Tensor, residual_out: torch.Tensor, weight
     else:
         bwd_checks(dy, residual_out, weight, rstd, d_residual_out, bias_dtype, 0.0, dx_dtype, dresidual_dtype, MADE_BY)
         _check_mean(mean, residual_out)
-        dx, dres, dw, db = torch.ops.normir.layernorm_bwd(dy, residual_out, weight, mean, rstd, d_residual_out,
+        dx, dres, dw, db = _bwd_op(dy, residual_out, weight, mean, rstd, d_residual_out,
                                                           bias_dtype, dx_dtype, dresidual_dtype)
         dres = dres if dres.numel() else None
         dw, db = (dw if weight is not None else None), (db if has_bias else None)

@@ -12,7 +12,7 @@ import torch
 
 from .. import launch as L
 from . import _rows as R
-from ._rows import BWD_KEY_EPS, check_eps, check_input, check_like, check_stat, check_weight, rows_of  # noqa: F401
+from ._rows import BWD_KEY_EPS, check_eps, check_grad, check_input, check_stat, check_weight, rows_of  # noqa: F401
 from .fused_add_rmsnorm import fused_norm
 
 # ---------------------------------------------------------------------------- launches
@@ -85,7 +85,7 @@ def _bwd_checks(x, weight, dy, rstd):
     dt = check_input(x, "x")
     n = x.shape[-1]
     w = check_weight(weight, x, n)
-    check_like(dy, x, "dy")
+    check_grad(dy, x, "dy")
     check_stat(rstd, x, "rstd", "rmsnorm_fwd(..., store_rstd=True)")
     return dt, n, w
 
@@ -98,11 +98,11 @@ def _bwd(x: torch.Tensor, weight: torch.Tensor | None, dy: torch.Tensor, rstd: t
         dev = x.get_device()
         n = x.shape[-1]
         if weight is None:
-            key = (x.dtype, n, dev, atomic_dw, None, None, None)
+            key = (x.dtype, dy.dtype, n, dev, atomic_dw, None, None, None)
         else:
-            key = (x.dtype, n, dev, atomic_dw, weight.dtype, weight.shape, weight.get_device())
+            key = (x.dtype, dy.dtype, n, dev, atomic_dw, weight.dtype, weight.shape, weight.get_device())
         hit = _BWD_SEEN.get(key)
-        if hit is not None and dy.dtype is x.dtype and dy.shape == x.shape and dy.get_device() == dev \
+        if hit is not None and dy.shape == x.shape and dy.get_device() == dev \
                 and rstd.dtype is torch.float32 and rstd.get_device() == dev and x.is_contiguous() \
                 and dy.is_contiguous() and rstd.is_contiguous() and (weight is None or weight.is_contiguous()):
             m = x.numel() // n
@@ -120,15 +120,16 @@ def _bwd(x: torch.Tensor, weight: torch.Tensor | None, dy: torch.Tensor, rstd: t
     if m == 0:
         return dx, (torch.zeros_like(w) if w is not None else None)
     dev = x.get_device()
-    vec = R.vector_width(n, (x2, dy2, dx, w), (xs, dys))
+    vec = R.vector_width(n, (x2, dy2, dx, w), (xs, dys), rows=3)
     wdt = L.TORCH_DTYPES[w.dtype] if w is not None else dt
     with R.on_device(dev):
-        p = R.plan("rmsnorm_bwd", dev, n, dt, wdt, BWD_KEY_EPS, w is not None, False, vec, atomic_dw)
+        extra = (("odtype", L.TORCH_DTYPES[dy.dtype]),) if dy.dtype != x.dtype else ()  # dy in its own type
+        p = R.plan("rmsnorm_bwd", dev, n, dt, wdt, BWD_KEY_EPS, w is not None, False, vec, atomic_dw, extra)
         if atomic_dw and not p.layout.dw_regs:
             raise ValueError(f"atomic_dw=True needs the dw sums in registers; N={n} in {x.dtype} keeps "
                              "them in memory: use the default atomic_dw=False")
-        if vec * x.element_size() == 16 and x2 is x and dy2 is dy and w is weight:
-            _BWD_SEEN[(x.dtype, n, dev, atomic_dw) + ((None,) * 3 if w is None else
+        if vec * min(x.element_size(), dy.element_size()) == 16 and x2 is x and dy2 is dy and w is weight:
+            _BWD_SEEN[(x.dtype, dy.dtype, n, dev, atomic_dw) + ((None,) * 3 if w is None else
                                                       (w.dtype, w.shape, w.get_device()))] = p
         return dx, _bwd_launch(p, dev, x, w, atomic_dw, m, n, x2.data_ptr(), w.data_ptr() if w is not None else 0,
                                dy2.data_ptr(), rstd.data_ptr(), dx.data_ptr(), xs, dys)
@@ -207,6 +208,7 @@ def _fwd_backward(ctx, dy, _drstd):
 
 
 _fwd_op.register_autograd(_fwd_backward, setup_context=_fwd_setup)
+_fwd_op.vmap_rows(("x",), lambda x, weight, eps, store_rstd: (True, store_rstd))
 
 
 # ---------------------------------------------------------------------------- public API
@@ -221,7 +223,7 @@ def rmsnorm_fwd(x: torch.Tensor, weight: torch.Tensor | None = None, eps: float 
     """
     if R.eager(x):  # launch directly
         return _fwd(x, weight, eps, store_rstd)
-    y, rstd = torch.ops.normir.rmsnorm_fwd(x, weight, eps, store_rstd)
+    y, rstd = _fwd_op(x, weight, eps, store_rstd)
     return y, (rstd if store_rstd else None)
 
 
@@ -235,7 +237,7 @@ def rmsnorm_bwd(x: torch.Tensor, weight: torch.Tensor | None, dy: torch.Tensor, 
     """
     if R.eager(x):
         return _bwd(x, weight, dy, rstd, atomic_dw)
-    dx, dw = torch.ops.normir.rmsnorm_bwd(x, weight, dy, rstd, atomic_dw)
+    dx, dw = _bwd_op(x, weight, dy, rstd, atomic_dw)
     return dx, (dw if weight is not None else None)
 
 
@@ -283,7 +285,7 @@ def rmsnorm(x: torch.Tensor, weight: torch.Tensor | None = None, eps: float = 1e
         need_grad = torch.is_grad_enabled() and (x.requires_grad or (weight is not None and weight.requires_grad))
         if R.eager(x):  # without a gradient to take, the launch alone: no Function, no rstd stored
             return _apply(x, weight, eps) if need_grad else _fwd(x, weight, eps, False)[0]
-        return torch.ops.normir.rmsnorm_fwd(x, weight, eps, need_grad)[0]
+        return _fwd_op(x, weight, eps, need_grad)[0]
     return fused_norm(x, residual, weight, bias, eps, residual_dtype, out_dtype, weight_offset, prenorm)
 
 
