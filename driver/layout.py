@@ -35,6 +35,11 @@ AMD_1024_ROW_ELEMENTS_WB = 32  # the same beside a weight and a bias (fwd_layout
 # into a spill, and the count that keeps them rolled (see _bwd_block_layout). Found by compiling
 # every N in every dtype (tests/test_gfx950_scratch.py).
 AMD_UNROLL_K = {True: {4: (16, 64, 64), 8: (12, 16, 32)}, False: {4: (32, 64, 64), 8: (16, 24, 32)}}
+# The same for rows whose chunks are wider than 16 bytes (a gradient or residual_out of another
+# type than the row's narrowest: fp32 chunks of 8): every count of chunks under this one spilled
+# somewhere (6-688 B at 512 threads, 84-3028 B at 128-448), none from it (k >= 43; the fused add's
+# backward, RMSNorm's and LayerNorm's at 16384-262144, tests/test_gfx950_scratch.py).
+AMD_WIDE_ROLLED_K = 48
 MAX_STAGE_BYTES = 200 * 1024  # STAGE buffers past this leave too little shared memory
 MAX_DB_SMEM_BYTES = 40 * 1024  # db's slots in static shared memory (48 KB at most, beside the reductions')
 # The quarter slots (db_smem 2, 3) past that go to dynamic shared memory, up to two blocks' worth of
@@ -962,7 +967,13 @@ def _bwd_block_layout(n: int, vec: int, tgt: targets.Target, work: RowWork, opts
     budget = tgt.reg_budget_bytes(tpr * rows, overhead_regs=BWD_OVERHEAD_REGS)
     dw_regs = k * vec * dw_bytes <= budget
     lo, hi, rolled_k = AMD_UNROLL_K[weight].get(vec, (0, 0, 0)) if vec == 8 or one_held == 4 else (0, 0, 0)
-    if tgt.hoists_weight and not forced and not dw_regs and rows == 1 and lo <= k < hi:
+    if tgt.hoists_weight and not forced and not dw_regs and rows == 1 \
+            and vec * max(DTYPES[t] for t in row_types(work, opts)) > MAX_VECTOR_BYTES:
+        # Wider chunks: the loops stay rolled from AMD_WIDE_ROLLED_K chunks a thread (the threads
+        # rounded down to whole warps, so that k does not fall back under it).
+        tpr = max(warp, nchunk // AMD_WIDE_ROLLED_K // warp * warp)
+        k = -(-nchunk // tpr)
+    elif tgt.hoists_weight and not forced and not dw_regs and rows == 1 and lo <= k < hi:
         # LLVM (AMDGPU) fully unrolls the chunk loops of such rows, then hoists every w load out
         # of the persistent row loop and schedules pass 2's loads early (with a weight: 192-680
         # bytes of scratch, f32 at N=32768-65536, 16-bit at 49152), or, with no dw work between

@@ -33,11 +33,13 @@ def test_no_scratch_on_gfx950(kernel, n, dtype, has_weight):
 
 
 # The backwards' dtype rule: an incoming gradient in another type than the row (mixed precision:
-# fp32 gradients of bf16 activations, bf16 ones of an fp32 residual stream), each layout the policy
-# gives it. (kernel, the row's type, the gradient's, the Options field it is.)
+# fp32 gradients of bf16 activations, bf16 ones of an fp32 residual stream, dy of a bf16 y beside
+# an fp32 residual_out), each layout the policy gives it (layout.AMD_WIDE_ROLLED_K). (kernel, the
+# row's type, the gradient's, the Options field it is.)
 GRAD_CASES = (("rmsnorm_bwd", "bf16", "f32", "odtype"), ("rmsnorm_bwd", "f32", "bf16", "odtype"),
               ("fused_add_rmsnorm_bwd", "f32", "bf16", "gdtype"), ("fused_add_rmsnorm_bwd", "bf16", "f32", "gdtype"),
-              ("layernorm_bwd", "f32", "bf16", "gdtype"), ("layernorm_bwd", "bf16", "f32", "gdtype"))
+              ("layernorm_bwd", "f32", "bf16", "gdtype"), ("layernorm_bwd", "bf16", "f32", "gdtype"),
+              ("fused_add_rmsnorm_bwd", "f32", "bf16", "odtype"), ("layernorm_bwd", "f32", "bf16", "odtype"))
 
 
 @pytest.mark.parametrize("case", GRAD_CASES, ids=lambda c: f"{c[0]}-{c[1]}-{c[3]}-{c[2]}")
