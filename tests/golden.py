@@ -21,7 +21,7 @@ from pathlib import Path
 
 from normir import targets
 from normir.layout import Layout
-from normir.options import Options
+from normir.options import build
 from normir.specialize import values_for
 
 SNAPSHOT = Path(__file__).with_name("golden_decisions.txt")
@@ -80,8 +80,14 @@ def grid() -> list[dict]:
     return out
 
 
+# A knob at the value that once meant the policy's choice (0 or -1) is left out of a problem's key.
+_POLICY = {"tpr": 0, "cluster": 0, "min_blocks": 0, "max_regs": 0, **{k: -1 for k in (
+    "l2_prefetch", "stage", "hints", "overlap", "cache_row", "batch_reload", "db_smem", "two_pass", "cast_words",
+    "stage_dres")}}
+
+
 def _key(problem: dict) -> str:
-    return " ".join(f"{k}={problem[k]}" for k in sorted(problem))
+    return " ".join(f"{k}={problem[k]}" for k in sorted(problem) if _POLICY.get(k, object()) != problem[k])
 
 
 LAYOUT_FIELDS = tuple(f.name for f in fields(Layout))
@@ -91,7 +97,7 @@ def decide(problem: dict) -> str:
     """One problem's decisions: every Layout field in LAYOUT_FIELDS' order and a digest of every
     placeholder value, or the refusal's message."""
     try:
-        opts = Options(**problem)
+        opts = build(**problem)
     except ValueError as e:
         return "refused: " + " ".join(str(e).split())[:80]
     lay = opts.layout

@@ -14,7 +14,7 @@ import re
 import pytest
 from test_barriers import SWEEP_N, check_barriers, isa_of, sweep, sweep_options
 
-from normir.options import Options
+from normir.options import build
 
 pytestmark = pytest.mark.cpu
 
@@ -47,7 +47,7 @@ GRAD_CASES = (("rmsnorm_bwd", "bf16", "f32", "odtype"), ("rmsnorm_bwd", "f32", "
 def test_no_scratch_with_gradients_in_their_own_dtype(case, n):
     kernel, dtype, gdt, field = case
     extra = {"has_dres_out": True} if field == "gdtype" else {}
-    opts = Options(kernel=kernel, n=n, dtype=dtype, wdtype=dtype, target="gfx950", **extra, **{field: gdt})
+    opts = build(kernel=kernel, n=n, dtype=dtype, wdtype=dtype, target="gfx950", **extra, **{field: gdt})
     isa = isa_of(opts)
     scratch = re.search(r"\.private_segment_fixed_size:\s+(\d+)", isa)
     assert scratch and scratch.group(1) == "0", f"{opts.describe()}: {scratch and scratch.group(1)} bytes of scratch"

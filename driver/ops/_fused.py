@@ -149,12 +149,11 @@ def launch_fwd(x: torch.Tensor, residual: torch.Tensor | None, weight: torch.Ten
         rows = (x2, r2, y, res_out)
         vec = R.vector_width(n, (*rows, w, b), (xs, rs) if r2 is not None else (xs,), rows=len(rows))
         dt = L.TORCH_DTYPES[x.dtype]
-        extra = (("rdtype", L.TORCH_DTYPES[residual.dtype] if residual is not None else ""),
-                 ("sdtype", L.TORCH_DTYPES[h_dtype] if residual is not None else ""),
-                 ("odtype", L.TORCH_DTYPES[y.dtype]), ("bdtype", L.TORCH_DTYPES[b.dtype] if b is not None else ""),
-                 ("store_residual", stored), ("weight_offset", offset))
-        p = R.plan(kernel, dev, n, dt, L.TORCH_DTYPES[w.dtype] if w is not None else dt, eps, w is not None,
-                   store_rstd, vec, extra=extra)
+        p = R.plan(dev, kernel=kernel, n=n, dtype=dt, wdtype=L.TORCH_DTYPES[w.dtype] if w is not None else dt, eps=eps,
+                   has_weight=w is not None, store_rstd=store_rstd, vec=vec,
+                   rdtype=L.TORCH_DTYPES[residual.dtype] if residual is not None else "",
+                   sdtype=L.TORCH_DTYPES[h_dtype] if residual is not None else "", odtype=L.TORCH_DTYPES[y.dtype],
+                   bdtype=L.TORCH_DTYPES[b.dtype] if b is not None else "", store_residual=stored, weight_offset=offset)
         if vec == R.MAX_VECTOR_BYTES // min(t.element_size() for t in rows if t is not None) and x2 is x \
                 and r2 is residual and w is weight and b is bias:
             _FWD_SEEN[_fwd_key(kernel, x, residual, weight, bias, eps, residual_dtype, out_dtype, offset, store_rstd,
@@ -300,13 +299,13 @@ def launch_bwd(dy: torch.Tensor, residual_out: torch.Tensor, weight: torch.Tenso
     rows = (h2, dy2, g2, dx, dres)
     vec = R.vector_width(n, (*rows, w), (hs, dys, gs) if g2 is not None else (hs, dys), rows=len(rows))
     dt = L.TORCH_DTYPES[residual_out.dtype]
-    extra = (("rdtype", L.TORCH_DTYPES[dres.dtype] if dres is not None else ""), ("odtype", L.TORCH_DTYPES[dy.dtype]),
-             ("xdtype", L.TORCH_DTYPES[dx_dt]), ("bdtype", "f32" if has_bias else ""),  # db's sums in fp32
-             ("has_dres_out", g2 is not None), ("weight_offset", offset),
-             ("gdtype", L.TORCH_DTYPES[g2.dtype] if g2 is not None else ""))  # d_residual_out in its own type
     with R.on_device(dev):
-        p = R.plan(kernel, dev, n, dt, L.TORCH_DTYPES[w.dtype] if w is not None else dt, BWD_KEY_EPS,
-                   w is not None, False, vec, atomic, extra)
+        p = R.plan(dev, kernel=kernel, n=n, dtype=dt, wdtype=L.TORCH_DTYPES[w.dtype] if w is not None else dt,
+                   eps=BWD_KEY_EPS, has_weight=w is not None, vec=vec, atomic_dw=atomic,
+                   rdtype=L.TORCH_DTYPES[dres.dtype] if dres is not None else "", odtype=L.TORCH_DTYPES[dy.dtype],
+                   xdtype=L.TORCH_DTYPES[dx_dt], bdtype="f32" if has_bias else "",  # db's sums in fp32
+                   has_dres_out=g2 is not None, weight_offset=offset,
+                   gdtype=L.TORCH_DTYPES[g2.dtype] if g2 is not None else "")  # d_residual_out in its own type
     if atomic and not p.layout.dw_regs:
         raise ValueError(f"atomic=True needs the column sums in registers; N={n} keeps them in memory: use the "
                          "default atomic=False")

@@ -20,7 +20,7 @@ from torch.autograd.function import _SingleLevelFunction
 
 from .. import launch as L
 from ..layout import MAX_VECTOR_BYTES, Layout
-from ..options import FLT_MIN, MAX_N
+from ..options import FLT_MIN, MAX_N, Problem
 from ..runtime import LaunchHandle
 
 # ---------------------------------------------------------------------------- checks
@@ -225,14 +225,14 @@ class Plan:
 _plans: dict[tuple, Plan] = L.derived_cache({})
 
 
-def plan(kernel: str, dev: int, n: int, dtype: str, wdtype: str, eps: float, has_weight: bool, store_rstd: bool,
-         vec: int, atomic_dw: bool = False, extra: tuple[tuple[str, object], ...] = ()) -> Plan:
-    """The kernel for a problem, loaded, with its layout and grid (cached); extra: more Options
-    fields as (name, value) pairs."""
-    key = (kernel, dev, n, dtype, wdtype, eps, has_weight, store_rstd, vec, atomic_dw, extra)
+def plan(dev: int, **fields) -> Plan:
+    """The kernel for a problem (options.Problem's fields; the target is the device's), loaded on
+    GPU dev, with its layout and grid (cached)."""
+    key = (dev, *fields.items())
     p = _plans.get(key)
     if p is None:
-        h, lay = L.handle(*key)
+        kernel = fields["kernel"]
+        h, lay = L.handle(Problem(target=L.device_target(dev), **fields), dev)
         persistent = L.KERNELS[kernel].grid == "persistent"
         p = _plans[key] = Plan(h, lay, persistent, h.resident(sm_count(dev)) if persistent else 0)
     return p
@@ -262,10 +262,9 @@ def column_sums(dev: int, n: int, out_dtype: torch.dtype, db_dtype: torch.dtype 
     key = (dev, n, out_dtype, db_dtype)
     c = _sums.get(key)
     if c is None:
-        extra = (("bdtype", L.TORCH_DTYPES[db_dtype]),) if db_dtype is not None else ()
-        p = plan("rmsnorm_dw_reduce", dev, n, "f32", L.TORCH_DTYPES[out_dtype], BWD_KEY_EPS, True, False,
-                 L.vector_width(n, 4, (), ()), extra=extra)
-        c = _sums[key] = ColumnSums(p.handle, -(-p.layout.nchunk // p.layout.tpr) * (2 if extra else 1))
+        p = plan(dev, kernel="rmsnorm_dw_reduce", n=n, dtype="f32", wdtype=L.TORCH_DTYPES[out_dtype], eps=BWD_KEY_EPS,
+                 vec=L.vector_width(n, 4, (), ()), bdtype=L.TORCH_DTYPES[db_dtype] if db_dtype is not None else "")
+        c = _sums[key] = ColumnSums(p.handle, -(-p.layout.nchunk // p.layout.tpr) * (2 if db_dtype is not None else 1))
     return c
 
 

@@ -65,7 +65,8 @@ def _fwd(x: torch.Tensor, weight: torch.Tensor | None, eps: float,
     if m:
         vec = R.vector_width(n, (x2, y, w), (xs,))
         wdt = L.TORCH_DTYPES[w.dtype] if w is not None else dt
-        p = R.plan("rmsnorm_fwd", dev, n, dt, wdt, eps, w is not None, store_rstd, vec)
+        p = R.plan(dev, kernel="rmsnorm_fwd", n=n, dtype=dt, wdtype=wdt, eps=eps, has_weight=w is not None,
+                   store_rstd=store_rstd, vec=vec)
         if vec * x.element_size() == 16 and x2 is x:
             _FWD_SEEN[_fwd_key(x, weight, eps, store_rstd)] = (p.handle, p.layout.rows, p.layout.cluster)
         with R.on_device(dev):
@@ -123,8 +124,8 @@ def _bwd(x: torch.Tensor, weight: torch.Tensor | None, dy: torch.Tensor, rstd: t
     vec = R.vector_width(n, (x2, dy2, dx, w), (xs, dys), rows=3)
     wdt = L.TORCH_DTYPES[w.dtype] if w is not None else dt
     with R.on_device(dev):
-        extra = (("odtype", L.TORCH_DTYPES[dy.dtype]),) if dy.dtype != x.dtype else ()  # dy in its own type
-        p = R.plan("rmsnorm_bwd", dev, n, dt, wdt, BWD_KEY_EPS, w is not None, False, vec, atomic_dw, extra)
+        p = R.plan(dev, kernel="rmsnorm_bwd", n=n, dtype=dt, wdtype=wdt, eps=BWD_KEY_EPS, has_weight=w is not None,
+                   vec=vec, atomic_dw=atomic_dw, odtype=L.TORCH_DTYPES[dy.dtype])  # dy in its own type
         if atomic_dw and not p.layout.dw_regs:
             raise ValueError(f"atomic_dw=True needs the dw sums in registers; N={n} in {x.dtype} keeps "
                              "them in memory: use the default atomic_dw=False")
