@@ -52,7 +52,7 @@ def _parse(variant: str) -> dict[str, int]:
 
 def plan() -> list[dict]:
     from normir.layout import DTYPES, max_vec
-    from normir.ops.rmsnorm import BWD_KEY_EPS
+    from normir.ops._rows import BWD_KEY_EPS
 
     sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "tests"))
     from gpu_cases import fused_bwd, fused_fwd
@@ -90,7 +90,7 @@ def _ln_plan(op: str, n: int, dt: str, vec: int, knobs: dict) -> list[dict]:
     without and with mean and rstd stored; or the backward with dw and db (the column sums of both
     in the weight's type) and without either, and the forward that feeds it (the policy's)."""
     from normir.layout import max_vec
-    from normir.ops.rmsnorm import BWD_KEY_EPS
+    from normir.ops._rows import BWD_KEY_EPS
 
     fwd = dict(kernel="layernorm_fwd", n=n, dtype=dt, wdtype=dt, eps=LN_EPS, target="sm_90", vec=vec, bdtype=dt)
     if op == "add_ln_fwd":  # the residual in x's type, residual_out stored, no statistics

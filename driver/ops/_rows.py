@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import functools
 import math
+import operator
 from collections.abc import Callable
 from dataclasses import dataclass
 from functools import cache
@@ -206,12 +207,15 @@ def stat_out(x: torch.Tensor, stored: bool) -> torch.Tensor:
 
 @dataclass(frozen=True)
 class Plan:
-    """A loaded kernel, its layout, and how many blocks a launch over m rows takes."""
+    """A loaded kernel, its layout, and how many blocks a launch over m rows takes. A launch takes
+    the values of its template's arguments by name and packs the kernel's own (KernelSpec.args, the
+    one place their order is written; a template argument the kernel does not take is ignored)."""
 
     handle: LaunchHandle
     layout: Layout
     persistent: bool
     resident: int  # clusters (or blocks) that run at once: a persistent grid's cap
+    pick: Callable[[dict], tuple]  # the kernel's arguments (but grid), in its order, from a dict of values
 
     def grid(self, m: int) -> int:
         groups = -(-m // self.layout.rows)
@@ -220,6 +224,19 @@ class Plan:
     def clusters(self, m: int) -> int:
         """Clusters (or blocks) of a persistent launch over m rows: its partial rows per slot."""
         return self.grid(m) // self.layout.cluster
+
+    def launch(self, dev: int, grid: int, **values: int) -> None:
+        """The kernel over `grid` blocks on GPU dev's current stream; values: its template's
+        arguments by name (pointers and integers)."""
+        launch(dev, self.handle, grid, *self.pick(values))
+
+
+def picker(kernel: str) -> Callable[[dict], tuple]:
+    """The function that takes a kernel's arguments (but grid, which the launch fills) from a dict
+    of named values, in the kernel's order."""
+    names = [a.name for a in L.KERNELS[kernel].args if a.name != "grid"]
+    get = operator.itemgetter(*names)
+    return get if len(names) > 1 else (lambda values: (get(values),))
 
 
 _plans: dict[tuple, Plan] = L.derived_cache({})
@@ -234,7 +251,7 @@ def plan(dev: int, **fields) -> Plan:
         kernel = fields["kernel"]
         h, lay = L.handle(Problem(target=L.device_target(dev), **fields), dev)
         persistent = L.KERNELS[kernel].grid == "persistent"
-        p = _plans[key] = Plan(h, lay, persistent, h.resident(sm_count(dev)) if persistent else 0)
+        p = _plans[key] = Plan(h, lay, persistent, h.resident(sm_count(dev)) if persistent else 0, picker(kernel))
     return p
 
 
@@ -244,14 +261,13 @@ class ColumnSums:
     to out's dtype, and with a second output (db) the next parts rows' sums into it, in the same
     launch: a loaded kernel and its grid, for one N and output dtype(s)."""
 
-    handle: LaunchHandle
+    plan: Plan
     grid: int
 
     def launch(self, dev: int, part: int, out: int, parts: int, db: int = 0) -> None:
         """part: the (parts, N) fp32 partial rows' pointer, or (2, parts, N) with db; out: the (N,)
         output's; db: the second (N,) output's (0: none)."""
-        # Positional, in the order of KERNELS["rmsnorm_dw_reduce"].args (part, out, db, parts).
-        launch(dev, self.handle, self.grid, part, out, db, parts)
+        self.plan.launch(dev, self.grid, part=part, out=out, db=db, parts=parts)
 
 
 _sums: dict[tuple, ColumnSums] = L.derived_cache({})
@@ -264,7 +280,7 @@ def column_sums(dev: int, n: int, out_dtype: torch.dtype, db_dtype: torch.dtype 
     if c is None:
         p = plan(dev, kernel="rmsnorm_dw_reduce", n=n, dtype="f32", wdtype=L.TORCH_DTYPES[out_dtype], eps=BWD_KEY_EPS,
                  vec=L.vector_width(n, 4, (), ()), bdtype=L.TORCH_DTYPES[db_dtype] if db_dtype is not None else "")
-        c = _sums[key] = ColumnSums(p.handle, -(-p.layout.nchunk // p.layout.tpr) * (2 if db_dtype is not None else 1))
+        c = _sums[key] = ColumnSums(p, -(-p.layout.nchunk // p.layout.tpr) * (2 if db_dtype is not None else 1))
     return c
 
 
