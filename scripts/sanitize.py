@@ -1,9 +1,9 @@
 """A short fwd + bwd workload for compute-sanitizer (memcheck, racecheck): every kernel layout
 (several rows per block, multi-warp rows with tails, register and streaming modes, rows split
 over thread-block clusters, the dw reduction, atomics) on small M, the fused residual add
-(mixed dtypes, a bias, d_residual_out), and LayerNorm (with and without a weight and a bias, its
-fused add with an fp32 residual and d_residual_out, atomics), each checked against the float64
-reference.
+(mixed dtypes, a bias, d_residual_out), LayerNorm (with and without a weight and a bias, its
+fused add with an fp32 residual and d_residual_out, atomics), and the backwards with dy and
+d_residual_out in other dtypes than the row, each checked against the float64 reference.
 
     compute-sanitizer --tool memcheck python scripts/sanitize.py [layernorm [N ...]]
 
@@ -26,6 +26,7 @@ from normir.ops.rmsnorm import rmsnorm_bwd_ref, rmsnorm_ref
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
 from gpu_cases import (  # noqa: E402
     DB_SMEM_CASES,
+    GRAD_DTYPE_N,
     SANITIZE_FUSED,
     SANITIZE_LN,
     SANITIZE_LN_ATOMIC_N,
@@ -82,6 +83,7 @@ def main() -> None:
     bad += layernorm_forced()
     bad += layernorm_atomic()
     bad += stage_dres_forced()
+    bad += gradient_dtype_cases()
     atomic_and_report(bad)
 
 
@@ -237,6 +239,34 @@ def layernorm_atomic() -> int:
             bad += not ok
             print(f"layernorm atomic n={n}{' residual ' + r_t if r_t else ''}: y mean rstd dx dres dw db "
                   + " ".join(f"{v:.2e}" for v in e) + (" ok" if ok else " FAIL"))
+    return bad
+
+
+def gradient_dtype_cases() -> int:
+    """The backwards' dtype rule: dy and d_residual_out each in another float dtype than the row
+    (gpu_cases.training_specializations' GRAD_DTYPE_N)."""
+    bad = 0
+    dts = (torch.float32, torch.float16, torch.bfloat16)
+    for n in GRAD_DTYPE_N:
+        for ht in dts:
+            for gt in (t for t in dts if t != ht):
+                yt = next(t for t in dts if t not in (ht, gt))
+                h, w, b = torch.randn((37, n), device="cuda").to(ht), torch.randn(n, device="cuda").to(ht) + 1, \
+                    torch.randn(n, device="cuda").to(ht)
+                dy, g = torch.randn((37, n), device="cuda").to(yt), torch.randn((37, n), device="cuda").to(gt)
+                _, rstd = normir.rmsnorm_fwd(h, w, store_rstd=True)
+                dx, dw = normir.rmsnorm_bwd(h, w, g, rstd)
+                e = [err(a, r) for a, r in zip((dx, dw), rmsnorm_bwd_ref(h, w, g, 1e-6))]
+                _, _, rstd = normir.fused_add_rmsnorm_fwd(h, None, w, 1e-6, bias=b, store_rstd=True)
+                got = normir.fused_add_rmsnorm_bwd(dy, h, w, rstd, g, has_bias=True)
+                e += [err(a, r) for a, r in zip(got, fused_add_rmsnorm_bwd_ref(h, w, b, 1e-6, 0.0, dy, g))]
+                _, mean, rstd = normir.layernorm_fwd(h, w, b, LN_EPS, store_stats=True)
+                got = normir.fused_add_layernorm_bwd(dy, h, w, mean, rstd, g, has_bias=True)
+                e += [err(a, r) for a, r in zip(got, layernorm_bwd_ref(h, w, b, LN_EPS, dy, g))]
+                ok = all(v < 2e-2 for v in e)
+                bad += not ok
+                print(f"gradient dtypes n={n} row {ht} dy {yt} g {gt}: " + " ".join(f"{v:.2e}" for v in e)
+                      + (" ok" if ok else " FAIL"))
     return bad
 
 
