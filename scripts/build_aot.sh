@@ -18,9 +18,9 @@ python3 - "$tmp/all.json" "$dir" <<'PY'
 import json, sys
 from pathlib import Path
 from normir import cache, library
-from normir.specialize import Options
+from normir.options import build
 plan, root = json.load(open(sys.argv[1])), Path(sys.argv[2])
-missing = [p for p in plan if cache.lookup(library.key_for(Options(**p), "bin"), None, [root]) is None]
+missing = [p for p in plan if cache.lookup(library.key_for(build(**p), "bin"), None, [root]) is None]
 print(f"aot check: {len(plan) - len(missing)}/{len(plan)} found as a runtime-only machine would")
 sys.exit(1 if missing else 0)
 PY
