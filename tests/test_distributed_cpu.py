@@ -12,9 +12,12 @@ group. tests/test_gpu_distributed.py runs the same on the GPU."""
 
 from __future__ import annotations
 
+import json
+import math
 import subprocess
 import sys
 from contextlib import contextmanager
+from pathlib import Path
 
 import pytest
 import torch
@@ -326,3 +329,208 @@ def test_rules_registered_once_dtensor_is_imported(order):
              "assert all(op in funcs for op in ops), [op for op in ops if op not in funcs]\nprint('ok')")
     r = _fresh(code)
     assert r.returncode == 0 and r.stdout == "ok\n", r.stderr[-3000:]
+
+
+# ---------------------------------------------------------------------------- FSDP2, TP + SP, DDP
+
+
+class Block(torch.nn.Module):
+    """A pre-norm block with each of normir's modules: RMSNorm before a linear layer (the
+    attention's stand-in), the fused add after it, LayerNorm before another (the MLP's) and the
+    fused-add LayerNorm after that. Tensor parallelism shards the linear layers' features."""
+
+    def __init__(self, n: int = N, seed: int = 0):
+        super().__init__()
+        torch.manual_seed(seed)
+        self.attn_norm, self.attn = normir.RMSNorm(n), torch.nn.Linear(n, n)
+        self.attn_add = normir.FusedAddRMSNorm(n, bias=True)
+        self.mlp_norm, self.mlp = normir.LayerNorm(n), torch.nn.Linear(n, n)
+        self.mlp_add = normir.FusedAddLayerNorm(n)
+        with torch.no_grad():
+            for p in self.parameters():
+                p.add_(torch.randn_like(p) * 0.1)
+
+    def forward(self, h):
+        x, h = self.attn_add(self.attn(self.attn_norm(h)), h)
+        y, h = self.mlp_add(self.mlp(self.mlp_norm(x)), h)
+        return y + h
+
+
+class Checkpointed(torch.nn.Module):
+    """Activation checkpointing: the module's activations recomputed in the backward."""
+
+    def __init__(self, module):
+        super().__init__()
+        self.module = module
+
+    def forward(self, h):
+        return torch.utils.checkpoint.checkpoint(self.module, h, use_reentrant=False)
+
+
+def _full(t: torch.Tensor) -> torch.Tensor:
+    return t.full_tensor() if isinstance(t, DTensor) else t
+
+
+def _step(module, x, dy):
+    """Output, x's gradient and the parameters' (whole tensors), of one forward and backward."""
+    xi = x.clone().requires_grad_(True)
+    y = _full(module(xi))
+    y.backward(dy)
+    return [y.detach(), _full(xi.grad)] + [_full(p.grad) for p in module.parameters()]
+
+
+def _same(got, want, exact=True):
+    assert len(got) == len(want)
+    for g, w in zip(got, want):
+        assert g.shape == w.shape and g.dtype == w.dtype
+        assert torch.equal(g, w) if exact else torch.allclose(g, w, rtol=1e-5, atol=1e-5), (g - w).abs().max()
+
+
+FSDP_VARIANTS = {"eager": (False, False), "compiled": (True, False), "checkpointed": (False, True),
+                 "compiled and checkpointed": (True, True)}
+
+
+def _fsdp2(block, mesh, compiled, checkpointed):
+    from torch.distributed.fsdp import fully_shard
+
+    module = Checkpointed(block) if checkpointed else block
+    fully_shard(module, mesh=mesh)
+    return torch.compile(module, backend="aot_eager") if compiled else module
+
+
+@pytest.mark.parametrize("variant", sorted(FSDP_VARIANTS))
+def test_fsdp2_matches_the_plain_block(cpu_launches, variant):
+    # World size 1 on a real gloo group: the all-gathers and reduce-scatters move real data.
+    x, _, dy, *_ = _tensors()
+    want = _step(Block(), x, dy)
+    torch._dynamo.reset()
+    with group(1, backend="gloo"):
+        module = _fsdp2(Block(), init_device_mesh("cpu", (1,)), *FSDP_VARIANTS[variant])
+        _same(_step(module, x, dy), want, exact=not FSDP_VARIANTS[variant][0])
+
+
+@pytest.mark.parametrize("variant", sorted(FSDP_VARIANTS))
+def test_fsdp2_shards_normir_parameters(cpu_launches, variant):
+    # World size 2 on a fake group: each parameter (the norms' weights and biases too) is a
+    # Shard(0) DTensor between steps, its gradient too (values need the other rank: shapes only).
+    x, _, dy, *_ = _tensors()
+    torch._dynamo.reset()
+    with group(2):
+        block = Block()
+        module = _fsdp2(block, init_device_mesh("cpu", (2,)), *FSDP_VARIANTS[variant])
+        y = module(x.clone().requires_grad_(True))
+        y.backward(dy)
+        assert y.shape == SHAPE
+        for name, p in block.named_parameters():
+            assert isinstance(p, DTensor) and p.placements == (Shard(0),), name
+            assert p.grad.placements == (Shard(0),) and p.grad.to_local().shape == (p.shape[0] // 2, *p.shape[1:])
+
+
+def _tp_plan(style=SequenceParallel):
+    """Sequence parallelism on the norms (their rows sharded on the sequence, dim 1); the linear
+    layers gather the rows, split the features (column-wise) and scatter back (row-wise)."""
+    from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel
+
+    seq = Shard(1)
+    return {"attn_norm": style(), "attn_add": SequenceParallel(), "mlp_norm": style(), "mlp_add": SequenceParallel(),
+            "attn": ColwiseParallel(input_layouts=seq, output_layouts=seq, use_local_output=False),
+            "mlp": RowwiseParallel(input_layouts=seq, output_layouts=seq, use_local_output=False)}
+
+
+@pytest.mark.parametrize("torch_style", [False, True], ids=["normir's SequenceParallel", "torch's on RMSNorm, LayerNorm"])
+def test_tensor_and_sequence_parallel_match_the_plain_block(cpu_launches, torch_style):
+    from torch.distributed.tensor.parallel import SequenceParallel as TorchSP
+    from torch.distributed.tensor.parallel import parallelize_module
+
+    x, _, dy, *_ = _tensors()
+    want = _step(Block(), x, dy)
+    with group(1, backend="gloo"):
+        mesh = init_device_mesh("cpu", (1,))
+        module = parallelize_module(Block(), mesh, _tp_plan(TorchSP if torch_style else SequenceParallel))
+        _same(_step(module, x, dy), want, exact=False)  # DTensor's matmuls: the same math, not the same code
+
+
+def test_sequence_parallel_shards_both_inputs_of_the_fused_adds(cpu_launches):
+    from torch.distributed.tensor.parallel import SequenceParallel as TorchSP
+    from torch.distributed.tensor.parallel import parallelize_module
+
+    x, _, dy, *_ = _tensors()
+    with group(2):
+        mesh = init_device_mesh("cpu", (2,))
+        block = parallelize_module(Block(), mesh, _tp_plan())
+        y = block(x)  # each rank's 6 positions of 12
+        assert y.placements == (Shard(1),) and y.shape == (4, 12, N)
+        y.backward(DTensor.from_local(dy, mesh, [Shard(1)]))
+        for name in ("attn_norm", "attn_add", "mlp_norm", "mlp_add"):
+            for p in getattr(block, name).parameters():  # replicated, their gradients summed by DTensor
+                assert p.placements == (Replicate(),) and p.grad.placements == (Partial(),), name
+        add = normir.FusedAddRMSNorm(N)
+        parallelize_module(add, mesh, SequenceParallel(use_local_output=True))
+        out = add(x, x)
+        assert all(type(t) is torch.Tensor and t.shape == SHAPE for t in out)
+        # torch's own style passes the first input alone: the residual is dropped.
+        parallelize_module(add := normir.FusedAddRMSNorm(N), mesh, TorchSP())
+        with pytest.raises(TypeError, match="residual"):
+            add(x, x)
+
+
+def test_ddp_matches_the_plain_block(cpu_launches):
+    x, _, dy, *_ = _tensors()
+    want = _step(Block(), x, dy)
+    with group(1, backend="gloo"):
+        ddp = torch.nn.parallel.DistributedDataParallel(Block())
+        got = _step(ddp, x, dy)
+    _same(got, want)
+
+
+def test_replaced_norms_under_fsdp2_and_tensor_parallel(cpu_launches):
+    # A model of torch's norms, swapped by replace_norms (probe=False: the probe needs a GPU), then
+    # sharded: the same as torch's own modules, to float32 rounding.
+    from torch.distributed.fsdp import fully_shard
+    from torch.distributed.tensor.parallel import parallelize_module
+
+    def model():
+        torch.manual_seed(0)
+        return torch.nn.Sequential(torch.nn.RMSNorm(N, eps=1e-6), torch.nn.Linear(N, N), torch.nn.LayerNorm(N))
+
+    x, _, dy, *_ = _tensors()
+    want = _step(model(), x, dy)
+    with group(1, backend="gloo"):
+        mesh = init_device_mesh("cpu", (1,))
+        sharded = model()
+        assert [new.__name__ for _, _, new in normir.replace_norms(sharded, probe=False)] == ["RMSNorm", "LayerNorm"]
+        _same(_step(fully_shard(sharded, mesh=mesh), x, dy), want, exact=False)
+        parallel = model()
+        normir.replace_norms(parallel, probe=False)
+        # The linear layer between the norms takes the local rows (row-wise: no data moves).
+        parallelize_module(parallel, mesh, {"0": SequenceParallel(use_local_output=True), "2": SequenceParallel()})
+        _same(_step(parallel, x, dy), want, exact=False)
+
+
+# ---------------------------------------------------------------------------- the demo
+
+DEMO_CPU = str(Path(__file__).resolve().parent / "demo_cpu.py")
+
+
+@pytest.mark.parametrize("world, mode", [(1, "ddp"), (2, "fsdp2"), (2, "tp")])
+def test_train_demo_runs_on_cpu(tmp_path, world, mode):
+    # scripts/train_demo.py end to end with the launches emulated: both norms from one seed, a few
+    # steps of a tiny model, its table (markdown, JSON) and plot; the two losses agree (fp32).
+    run = [sys.executable, DEMO_CPU] if world == 1 else [
+        sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={world}", DEMO_CPU]
+    r = subprocess.run(run + ["--device", "cpu", "--mode", mode, "--steps", "3", "--layers", "1", "--seq", "16",
+                              "--batch", "2", "--out", str(tmp_path)], capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    results = json.loads((tmp_path / "results.json").read_text())
+    assert (results["mode"], results["world_size"], results["dtype"]) == (mode, world, "float32")
+    assert sorted(results["runs"]) == ["normir", "torch"]
+    for run in results["runs"].values():
+        assert len(run["loss"]) == 3 and all(math.isfinite(v) for v in run["loss"]) and run["tokens_per_s"] > 0
+    assert results["max_relative_gap"] <= 1e-5
+    assert "| step | normir loss | torch loss | relative gap |" in (tmp_path / "results.md").read_text()
+    try:
+        import matplotlib  # noqa: F401  (the demo's plot; pyproject's test extra installs it)
+    except ImportError:
+        assert "no matplotlib, so no loss.png" in r.stdout
+    else:
+        assert (tmp_path / "loss.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
