@@ -12,6 +12,7 @@ group. tests/test_gpu_distributed.py runs the same on the GPU."""
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import math
 import subprocess
@@ -57,15 +58,18 @@ COLUMNS, STATS = ("weight", "bias"), ("rstd", "mean")
 LEAD, SUM, ABSENT = "lead", "sum", "absent"
 
 
-def _tensors(seed=0):
+def tensors(seed=0, shape=SHAPE, dtype=F32, device="cpu"):
+    """x, residual, dy, d_residual_out (rows), weight, bias in dtype; rstd and mean in float32."""
     gen = torch.Generator().manual_seed(seed)
-    x, r, dy, g = (torch.randn(SHAPE, generator=gen) for _ in range(4))
-    w, b = torch.randn(N, generator=gen) + 1, torch.randn(N, generator=gen)
-    rstd, mean = torch.rand(SHAPE[:-1], generator=gen) + 0.5, torch.randn(SHAPE[:-1], generator=gen)
-    return x, r, dy, g, w, b, rstd, mean
+    x, r, dy, g = (torch.randn(shape, generator=gen) for _ in range(4))
+    w, b = torch.randn(shape[-1], generator=gen) + 1, torch.randn(shape[-1], generator=gen)
+    rstd, mean = torch.rand(shape[:-1], generator=gen) + 0.5, torch.randn(shape[:-1], generator=gen)
+    return (*(t.to(device, dtype) for t in (x, r, dy, g, w, b)), rstd.to(device), mean.to(device))
 
 
-# op, its arguments from _tensors' (x, r, dy, g, w, b, rstd, mean), and what each output is.
+OTHER = {F32: BF16, BF16: F32}  # dresidual in another dtype than dx (residual_out's)
+# op, its arguments from tensors()' (x, r, dy, g, w, b, rstd, mean), and what each output is
+# (tests/test_gpu_distributed.py runs the same, in bf16 and fp32: gpu_cases.distributed_specializations()).
 CASES = {
     "rmsnorm_fwd": ("rmsnorm_fwd", lambda x, r, dy, g, w, b, rs, m: (x, w, 1e-6, True), (LEAD, LEAD)),
     "rmsnorm_fwd no rstd": ("rmsnorm_fwd", lambda x, r, dy, g, w, b, rs, m: (x, w, 1e-6, False), (LEAD, ABSENT)),
@@ -79,7 +83,7 @@ CASES = {
     "fused_add_rmsnorm_bwd": ("fused_add_rmsnorm_bwd", lambda x, r, dy, g, w, b, rs, m: (
         dy, x, w, rs, g, F32, 0.5, None, None), (LEAD, ABSENT, SUM, SUM)),
     "fused_add_rmsnorm_bwd two dtypes": ("fused_add_rmsnorm_bwd", lambda x, r, dy, g, w, b, rs, m: (
-        dy, x, None, rs, None, None, 0.0, BF16, F32), (LEAD, LEAD, ABSENT, ABSENT)),
+        dy, x, w, rs, None, None, 0.0, None, OTHER[x.dtype]), (LEAD, LEAD, SUM, ABSENT)),
     "layernorm_fwd": ("layernorm_fwd", lambda x, r, dy, g, w, b, rs, m: (
         x, r, w, b, 1e-5, None, None, True, True), (LEAD, LEAD, LEAD, LEAD)),
     "layernorm_fwd no residual": ("layernorm_fwd", lambda x, r, dy, g, w, b, rs, m: (
@@ -91,11 +95,11 @@ CASES = {
 }
 
 
-def _op(name):
+def op_of(name):
     return getattr(torch.ops.normir, name).default
 
 
-def _local(t: torch.Tensor, mesh, placements, coord=None) -> torch.Tensor:
+def shard_of(t: torch.Tensor, mesh, placements, coord=None) -> torch.Tensor:
     """The shard of a whole tensor t under placements (evenly divisible sizes) at a mesh
     coordinate (default: this rank's)."""
     coord = coord or mesh.get_coordinate()
@@ -105,21 +109,21 @@ def _local(t: torch.Tensor, mesh, placements, coord=None) -> torch.Tensor:
     return t
 
 
-def _distribute(op_name, args, mesh, placements, stats=None):
+def distribute(op_name, args, mesh, placements, stats=None):
     """The op's tensor arguments as DTensors: rows and statistics with `placements` (a shard of a
     leading dim means the same rows for both; stats: the statistics' own), weight and bias
     replicated."""
-    names = [a.name for a in _op(op_name)._schema.arguments]
+    names = [a.name for a in op_of(op_name)._schema.arguments]
     out = []
     for name, a in zip(names, args):
         if isinstance(a, torch.Tensor):
             pl = [Replicate()] * mesh.ndim if name in COLUMNS else stats if stats and name in STATS else placements
-            a = DTensor.from_local(_local(a, mesh, pl), mesh, pl, run_check=False)
+            a = DTensor.from_local(shard_of(a, mesh, pl), mesh, pl, run_check=False)
         out.append(a)
     return out
 
 
-def _expected(kind, placements):
+def expected(kind, placements):
     if kind == ABSENT:
         return (Replicate(),) * len(placements)
     if kind == SUM:
@@ -134,7 +138,7 @@ def _ranks(world: int, mesh_shape: tuple[int, ...], op_name, args, placements):
     for rank in range(world):
         with group(world, rank):
             mesh = init_device_mesh("cpu", mesh_shape)
-            outs = _op(op_name)(*_distribute(op_name, args, mesh, placements))
+            outs = op_of(op_name)(*distribute(op_name, args, mesh, placements))
             runs.append((mesh.get_coordinate(), outs))
     return runs, mesh
 
@@ -147,18 +151,18 @@ MESH_2D = ([Shard(0), Shard(1)], [Shard(1), Replicate()], [Replicate(), Shard(0)
 @pytest.mark.parametrize("case", sorted(CASES))
 def test_rules_run_each_shard_locally(cpu_launches, case, placements):
     op_name, make, kinds = CASES[case]
-    args = make(*_tensors())
-    want = _op(op_name)(*args)  # the plain call on the whole tensors
+    args = make(*tensors())
+    want = op_of(op_name)(*args)  # the plain call on the whole tensors
     mesh_shape = (2,) * len(placements)
     runs, mesh = _ranks(2 ** len(placements), mesh_shape, op_name, args, placements)
     for i, kind in enumerate(kinds):
         sums = torch.zeros_like(want[i])
         for coord, outs in runs:
             out = outs[i]
-            assert isinstance(out, DTensor) and out.placements == _expected(kind, placements), (case, i)
+            assert isinstance(out, DTensor) and out.placements == expected(kind, placements), (case, i)
             assert (out.shape, out.dtype) == (want[i].shape, want[i].dtype), (case, i)
             if kind == LEAD:  # this rank's rows, bitwise
-                assert torch.equal(out.to_local(), _local(want[i], mesh, placements, coord)), (case, i)
+                assert torch.equal(out.to_local(), shard_of(want[i], mesh, placements, coord)), (case, i)
             elif kind == ABSENT:
                 assert out.to_local().shape == (0,)
             elif all(coord[k] == 0 for k, p in enumerate(placements) if not isinstance(p, Shard)):
@@ -173,12 +177,12 @@ def test_shard_of_the_normalized_dim_is_redistributed(cpu_launches, case):
     # (the values need other ranks' data: placements and shapes only), to what torch's layer_norm
     # redistributes the same input to.
     op_name, make, kinds = CASES[case]
-    args = make(*_tensors())
-    want = _op(op_name)(*args)
+    args = make(*tensors())
+    want = op_of(op_name)(*args)
     with group(2):
         mesh = init_device_mesh("cpu", (2,))
-        dts = _distribute(op_name, args, mesh, [Shard(2)], stats=[Replicate()])
-        outs = _op(op_name)(*dts)
+        dts = distribute(op_name, args, mesh, [Shard(2)], stats=[Replicate()])
+        outs = op_of(op_name)(*dts)
         x = next(t for t in dts if isinstance(t, DTensor))
         torch_ln = torch.nn.functional.layer_norm(x, (N,))
     assert torch_ln.placements != (Shard(2),)
@@ -191,10 +195,10 @@ def test_shard_of_the_normalized_dim_is_redistributed(cpu_launches, case):
 def test_rules_follow_every_flag_of_a_call(cpu_launches):
     # DTensor caches a sharding decision per call signature: store_rstd (rmsnorm_fwd's only
     # non-tensor argument that decides a shape) is part of it, so rstd is x's rows or a placeholder.
-    x, _, _, _, w, *_ = _tensors()
+    x, _, _, _, w, *_ = tensors()
     with group(2):
         mesh = init_device_mesh("cpu", (2,))
-        xd, wd = _distribute("rmsnorm_fwd", (x, w), mesh, [Shard(0)])[:2]
+        xd, wd = distribute("rmsnorm_fwd", (x, w), mesh, [Shard(0)])[:2]
         for store in (True, False, True, False):
             _, rstd = torch.ops.normir.rmsnorm_fwd(xd, wd, 1e-6, store)
             assert (rstd.shape, rstd.placements) == ((SHAPE[:-1], (Shard(0),)) if store else ((0,), (Replicate(),)))
@@ -205,27 +209,27 @@ def test_rules_follow_every_flag_of_a_call(cpu_launches):
 def test_autograd_through_dtensors(cpu_launches, placements):
     # The public functions on DTensors: the forward and the backward ops each run on the shards;
     # x's gradient follows x, the weight's and bias's are partial sums (DTensor adds them up).
-    x, r, dy, _, w, b, *_ = _tensors()
+    x, r, dy, _, w, b, *_ = tensors()
     world = 2 ** len(placements)
     grads = []
     for rank in range(world):
         with group(world, rank):
             mesh = init_device_mesh("cpu", (2,) * len(placements))
-            xd, rd = (DTensor.from_local(_local(t, mesh, placements), mesh, placements).requires_grad_(True)
+            xd, rd = (DTensor.from_local(shard_of(t, mesh, placements), mesh, placements).requires_grad_(True)
                       for t in (x, r))
             wd, bd = (torch.nn.Parameter(DTensor.from_local(t, mesh, [Replicate()] * len(placements))) for t in (w, b))
             y, h = normir.fused_add_layernorm(xd, rd, wd, bd)
             z = normir.rmsnorm(y, wd)
             assert z.placements == h.placements == tuple(placements)
-            torch.autograd.backward((z, h), (DTensor.from_local(_local(dy, mesh, placements), mesh, placements),) * 2)
+            torch.autograd.backward((z, h), (DTensor.from_local(shard_of(dy, mesh, placements), mesh, placements),) * 2)
             assert xd.grad.placements == tuple(placements)
-            assert wd.grad.placements == bd.grad.placements == _expected(SUM, placements)
+            assert wd.grad.placements == bd.grad.placements == expected(SUM, placements)
             grads.append((mesh.get_coordinate(), xd.grad.to_local(), wd.grad.to_local()))
     xw, rw, wl, bl = (t.clone().requires_grad_(True) for t in (x, r, w, b))
     y, h = normir.fused_add_layernorm(xw, rw, wl, bl)
     torch.autograd.backward((normir.rmsnorm(y, wl), h), (dy, dy))
     for coord, gx, _ in grads:
-        assert torch.allclose(gx, _local(xw.grad, mesh, placements, coord), rtol=1e-5, atol=1e-5)
+        assert torch.allclose(gx, shard_of(xw.grad, mesh, placements, coord), rtol=1e-5, atol=1e-5)
     assert torch.allclose(sum(g for _, _, g in grads), wl.grad, rtol=1e-4, atol=1e-4)
 
 
@@ -233,7 +237,7 @@ def test_autograd_through_dtensors(cpu_launches, placements):
 
 
 def test_dtensor_on_a_cpu_mesh_names_the_mesh():
-    x, _, _, _, w, *_ = _tensors()
+    x, _, _, _, w, *_ = tensors()
     with group(2):
         mesh = init_device_mesh("cpu", (2,))
         xd, wd = DTensor.from_local(x, mesh, [Shard(0)]), DTensor.from_local(w, mesh, [Replicate()])
@@ -246,7 +250,7 @@ def test_dtensor_on_a_cpu_mesh_names_the_mesh():
 
 def test_mixed_dtensor_and_tensor_arguments_name_the_fix(monkeypatch):
     monkeypatch.setattr(_rows, "on_gpu", lambda t: True)  # CPU tensors reach the checks past the device's
-    x, _, _, _, w, *_ = _tensors()
+    x, _, _, _, w, *_ = tensors()
     with group(2):
         mesh = init_device_mesh("cpu", (2,))
         xd, wd = DTensor.from_local(x, mesh, [Shard(0)]), DTensor.from_local(w, mesh, [Replicate()])
@@ -297,7 +301,7 @@ def test_gpu_dtensors_with_device_less_fakes(cpu_launches, monkeypatch):
     # torch 2.11's case on the GPU: the DTensors (here: every real tensor) pass the GPU test, the
     # fake tensors the propagation makes do not; every op still runs on the shards.
     monkeypatch.setattr(_rows, "on_gpu", lambda t: not isinstance(t, FakeTensor))
-    x, r, dy, _, w, b, *_ = _tensors()
+    x, r, dy, _, w, b, *_ = tensors()
     with group(2):
         mesh = init_device_mesh("cpu", (2,))
         xd, rd = (DTensor.from_local(t, mesh, [Shard(1)]).requires_grad_(True) for t in (x, r))
@@ -367,16 +371,16 @@ class Checkpointed(torch.nn.Module):
         return torch.utils.checkpoint.checkpoint(self.module, h, use_reentrant=False)
 
 
-def _full(t: torch.Tensor) -> torch.Tensor:
+def whole(t: torch.Tensor) -> torch.Tensor:
     return t.full_tensor() if isinstance(t, DTensor) else t
 
 
 def _step(module, x, dy):
     """Output, x's gradient and the parameters' (whole tensors), of one forward and backward."""
     xi = x.clone().requires_grad_(True)
-    y = _full(module(xi))
+    y = whole(module(xi))
     y.backward(dy)
-    return [y.detach(), _full(xi.grad)] + [_full(p.grad) for p in module.parameters()]
+    return [y.detach(), whole(xi.grad)] + [whole(p.grad) for p in module.parameters()]
 
 
 def _same(got, want, exact=True):
@@ -401,7 +405,7 @@ def _fsdp2(block, mesh, compiled, checkpointed):
 @pytest.mark.parametrize("variant", sorted(FSDP_VARIANTS))
 def test_fsdp2_matches_the_plain_block(cpu_launches, variant):
     # World size 1 on a real gloo group: the all-gathers and reduce-scatters move real data.
-    x, _, dy, *_ = _tensors()
+    x, _, dy, *_ = tensors()
     want = _step(Block(), x, dy)
     torch._dynamo.reset()
     with group(1, backend="gloo"):
@@ -413,7 +417,7 @@ def test_fsdp2_matches_the_plain_block(cpu_launches, variant):
 def test_fsdp2_shards_normir_parameters(cpu_launches, variant):
     # World size 2 on a fake group: each parameter (the norms' weights and biases too) is a
     # Shard(0) DTensor between steps, its gradient too (values need the other rank: shapes only).
-    x, _, dy, *_ = _tensors()
+    x, _, dy, *_ = tensors()
     torch._dynamo.reset()
     with group(2):
         block = Block()
@@ -426,7 +430,7 @@ def test_fsdp2_shards_normir_parameters(cpu_launches, variant):
             assert p.grad.placements == (Shard(0),) and p.grad.to_local().shape == (p.shape[0] // 2, *p.shape[1:])
 
 
-def _tp_plan(style=SequenceParallel):
+def tp_plan(style=SequenceParallel):
     """Sequence parallelism on the norms (their rows sharded on the sequence, dim 1); the linear
     layers gather the rows, split the features (column-wise) and scatter back (row-wise)."""
     from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel
@@ -442,11 +446,11 @@ def test_tensor_and_sequence_parallel_match_the_plain_block(cpu_launches, torch_
     from torch.distributed.tensor.parallel import SequenceParallel as TorchSP
     from torch.distributed.tensor.parallel import parallelize_module
 
-    x, _, dy, *_ = _tensors()
+    x, _, dy, *_ = tensors()
     want = _step(Block(), x, dy)
     with group(1, backend="gloo"):
         mesh = init_device_mesh("cpu", (1,))
-        module = parallelize_module(Block(), mesh, _tp_plan(TorchSP if torch_style else SequenceParallel))
+        module = parallelize_module(Block(), mesh, tp_plan(TorchSP if torch_style else SequenceParallel))
         _same(_step(module, x, dy), want, exact=False)  # DTensor's matmuls: the same math, not the same code
 
 
@@ -454,10 +458,10 @@ def test_sequence_parallel_shards_both_inputs_of_the_fused_adds(cpu_launches):
     from torch.distributed.tensor.parallel import SequenceParallel as TorchSP
     from torch.distributed.tensor.parallel import parallelize_module
 
-    x, _, dy, *_ = _tensors()
+    x, _, dy, *_ = tensors()
     with group(2):
         mesh = init_device_mesh("cpu", (2,))
-        block = parallelize_module(Block(), mesh, _tp_plan())
+        block = parallelize_module(Block(), mesh, tp_plan())
         y = block(x)  # each rank's 6 positions of 12
         assert y.placements == (Shard(1),) and y.shape == (4, 12, N)
         y.backward(DTensor.from_local(dy, mesh, [Shard(1)]))
@@ -475,7 +479,7 @@ def test_sequence_parallel_shards_both_inputs_of_the_fused_adds(cpu_launches):
 
 
 def test_ddp_matches_the_plain_block(cpu_launches):
-    x, _, dy, *_ = _tensors()
+    x, _, dy, *_ = tensors()
     want = _step(Block(), x, dy)
     with group(1, backend="gloo"):
         ddp = torch.nn.parallel.DistributedDataParallel(Block())
@@ -493,7 +497,7 @@ def test_replaced_norms_under_fsdp2_and_tensor_parallel(cpu_launches):
         torch.manual_seed(0)
         return torch.nn.Sequential(torch.nn.RMSNorm(N, eps=1e-6), torch.nn.Linear(N, N), torch.nn.LayerNorm(N))
 
-    x, _, dy, *_ = _tensors()
+    x, _, dy, *_ = tensors()
     want = _step(model(), x, dy)
     with group(1, backend="gloo"):
         mesh = init_device_mesh("cpu", (1,))
@@ -509,7 +513,8 @@ def test_replaced_norms_under_fsdp2_and_tensor_parallel(cpu_launches):
 
 # ---------------------------------------------------------------------------- the demo
 
-DEMO_CPU = str(Path(__file__).resolve().parent / "demo_cpu.py")
+ROOT = Path(__file__).resolve().parent.parent
+DEMO_CPU = str(ROOT / "tests" / "demo_cpu.py")
 
 
 @pytest.mark.parametrize("world, mode", [(1, "ddp"), (2, "fsdp2"), (2, "tp")])
@@ -534,3 +539,96 @@ def test_train_demo_runs_on_cpu(tmp_path, world, mode):
         assert "no matplotlib, so no loss.png" in r.stdout
     else:
         assert (tmp_path / "loss.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+# ---------------------------------------------------------------------------- the GPU tier's kernels
+
+
+class _NoLaunch:
+    """A loaded kernel's stand-in: launches nothing (the outputs keep what the allocator gave)."""
+
+    def resident(self, sm_count):
+        return sm_count
+
+    def launch(self, *args):
+        pass
+
+    def launch_named(self, *args, **kwargs):
+        pass
+
+
+@pytest.fixture
+def requested(monkeypatch):
+    """The kernels normir's real launch paths ask for (as Options for sm_90, as an H200 would),
+    on CPU tensors, with nothing launched: their set."""
+    from normir import launch
+    from normir.options import Options
+
+    asked = set()
+
+    def handle(kernel, device, n, dtype, wdtype, eps, has_weight, store_rstd, vec, atomic_dw=False, extra=()):
+        opts = Options(kernel=kernel, n=n, dtype=dtype, wdtype=wdtype, eps=eps, target="sm_90", has_weight=has_weight,
+                       store_rstd=store_rstd, vec=vec, atomic_dw=atomic_dw, **dict(extra))
+        asked.add(opts.key_string())
+        return _NoLaunch(), opts.layout
+
+    monkeypatch.setattr(launch, "handle", handle)
+    monkeypatch.setattr(launch, "stream", lambda device: 0)
+    for name, value in (("on_gpu", lambda t: True), ("sm_count", lambda device: 132), ("raw_stream", lambda d: 0),
+                        ("current_device", lambda: -1),  # a CPU tensor's get_device(): no device switch
+                        ("empty_f32", lambda shape, dev, per_row=False: torch.empty(shape[:-1] if per_row else shape))):
+        monkeypatch.setattr(_rows, name, value)
+    launch.clear_handles()  # no plan made before is reused, and none made of the stand-ins after
+    yield asked
+    launch.clear_handles()
+
+
+def _listed() -> set[str]:
+    from gpu_cases import distributed_specializations
+
+    from normir.options import Options
+
+    return {Options(**spec).key_string() for spec in distributed_specializations()}
+
+
+def demo_module():
+    """scripts/train_demo.py as a module (its model, data and parallelize)."""
+    if "train_demo" not in sys.modules:
+        spec = importlib.util.spec_from_file_location("train_demo", ROOT / "scripts" / "train_demo.py")
+        sys.modules["train_demo"] = module = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(module)
+    return sys.modules["train_demo"]
+
+
+def test_gpu_tier_asks_for_listed_kernels_only(requested):
+    # The GPU machine loads kernels from gpu_cases' ahead-of-time list only: every path of
+    # test_gpu_distributed.py and the demo, run here with nothing launched, asks for listed ones.
+    from gpu_cases import DIST_N
+    from torch.distributed.fsdp import fully_shard
+    from torch.distributed.tensor.parallel import parallelize_module
+
+    shape = (4, 6, DIST_N)
+    for dtype in (BF16, F32):
+        for op_name, make, _ in CASES.values():
+            args = make(*tensors(shape=shape, dtype=dtype))
+            op_of(op_name)(*args)
+            with group(1, backend="gloo"):
+                op_of(op_name)(*distribute(op_name, args, init_device_mesh("cpu", (1,)), [Shard(1)]))
+        x, r, dy, _, w, b, *_ = (t.requires_grad_(True) for t in tensors(shape=shape, dtype=dtype))
+        y, h = normir.fused_add_layernorm(x, r, w, b)
+        torch.autograd.backward((normir.rmsnorm(y, w), h), (dy, dy))
+    x, _, dy, *_ = tensors(shape=shape, dtype=BF16)
+    with group(1, backend="gloo"):
+        mesh = init_device_mesh("cpu", (1,))
+        for make in (lambda: Block(DIST_N), lambda: fully_shard(Checkpointed(Block(DIST_N).to(BF16)), mesh=mesh),
+                     lambda: parallelize_module(Block(DIST_N).to(BF16), mesh, tp_plan()),
+                     lambda: torch.nn.parallel.DistributedDataParallel(Block(DIST_N).to(BF16))):
+            whole(make().to(BF16)(x.clone().requires_grad_(True))).backward(dy)
+        demo = demo_module()
+        cfg = demo.Config(batch=2)
+        tokens, targets = demo.batch(cfg, 0, 0, torch.device("cpu"))
+        for dtype in (BF16, F32):
+            for mode in ("ddp", "fsdp2", "tp"):
+                model = demo.parallelize(demo.Decoder(cfg, "normir").to(dtype), mode, mesh, torch.device("cpu"))
+                whole(model(tokens)).float().sum().backward()
+    assert requested and requested <= _listed(), sorted(requested - _listed())
