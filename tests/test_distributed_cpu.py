@@ -478,6 +478,28 @@ def test_sequence_parallel_shards_both_inputs_of_the_fused_adds(cpu_launches):
             add(x, x)
 
 
+def test_fsdp2_over_tensor_parallel_on_a_2d_mesh(cpu_launches):
+    # DP x TP (2 x 2, fake group): FSDP2 shards over dp what TP+SP laid out over tp; the norms'
+    # parameters are dp shards of tp replicas, their gradients reduced to the same (TP's partial
+    # sums added up by FSDP2).
+    from torch.distributed.fsdp import fully_shard
+    from torch.distributed.tensor.parallel import parallelize_module
+
+    x, _, dy, *_ = tensors()
+    with group(4):
+        mesh = init_device_mesh("cpu", (2, 2), mesh_dim_names=("dp", "tp"))
+        block = parallelize_module(Block(), mesh["tp"], tp_plan())
+        fully_shard(block, mesh=mesh["dp"])
+        y = block(x)
+        assert y.placements == (Shard(1),) and y.shape == (4, 12, N)
+        y.backward(DTensor.from_local(dy, mesh["tp"], [Shard(1)]))
+        for name in ("attn_norm", "attn_add", "mlp_norm", "mlp_add"):
+            for p in getattr(block, name).parameters():
+                assert p.device_mesh.mesh_dim_names == ("dp", "tp")
+                assert p.placements == p.grad.placements == (Shard(0), Replicate()), name
+                assert p.grad.to_local().shape == (N // 2,)
+
+
 def test_ddp_matches_the_plain_block(cpu_launches):
     x, _, dy, *_ = tensors()
     want = _step(Block(), x, dy)

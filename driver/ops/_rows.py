@@ -98,7 +98,7 @@ def check_same_kind(t: torch.Tensor, x: torch.Tensor, name: str, x_name: str = "
         return
     if dtensor(x):
         raise ValueError(f"{name} is a torch.Tensor but {x_name} is a DTensor: pass both as DTensors on one mesh (a "
-                         f"module's parameters: parallelize it, e.g. with normir.distributed.SequenceParallel; a "
+                         f"module's parameters: parallelize it, e.g. with normir.ops.distributed.SequenceParallel; a "
                          f"tensor: distribute_tensor or DTensor.from_local), or both as local tensors "
                          f"({x_name}.to_local())")
     raise ValueError(f"{name} is a DTensor but {x_name} is a torch.Tensor: pass both as DTensors on one mesh "
