@@ -41,19 +41,16 @@ def __getattr__(name: str):
     raise AttributeError(f"module 'normir' has no attribute {name!r}")
 
 
-class _AfterImport(importlib.abc.MetaPathFinder):
-    """Finds nothing itself: on the import of module `name`, it hands back that module's own spec
-    with the loader's exec_module wrapped to call `then` once the module has run. It removes itself
-    first, so it acts once. what: what `then` does, for the warning should it fail."""
-
-    def __init__(self, name: str, then, what: str):
-        self.name, self.then, self.what = name, then, what
+class _AfterTorch(importlib.abc.MetaPathFinder):
+    """Finds nothing itself: on the import of torch, it hands back torch's own spec with the
+    loader's exec_module wrapped to bind normir (defining its ops) once torch's module has run.
+    It removes itself first, so it acts once."""
 
     def find_spec(self, name, path=None, target=None):
-        if name != self.name:
+        if name != "torch":
             return None
         sys.meta_path.remove(self)
-        spec = importlib.util.find_spec(name)
+        spec = importlib.util.find_spec("torch")
         if spec is None or spec.loader is None or not hasattr(spec.loader, "exec_module"):
             return spec
         run = spec.loader.exec_module
@@ -61,20 +58,15 @@ class _AfterImport(importlib.abc.MetaPathFinder):
         def exec_module(module):
             run(module)
             try:
-                self.then()
-            except Exception as e:  # never break the program's import; the API's first use raises
-                warnings.warn(f"normir could not {self.what}: {e}", stacklevel=2)
+                _bind()
+            except Exception as e:  # never break the program's import of torch; the API's first use raises
+                warnings.warn(f"normir could not define its torch.ops.normir operators: {e}", stacklevel=2)
 
         spec.loader.exec_module = exec_module
         return spec
 
 
-def after_import(name: str, then, what: str) -> None:
-    """Call `then` once module `name` has been imported: now if it is, else right after its import."""
-    if name in sys.modules:
-        then()
-    elif not any(isinstance(f, _AfterImport) and f.name == name for f in sys.meta_path):
-        sys.meta_path.insert(0, _AfterImport(name, then, what))
-
-
-after_import("torch", _bind, "define its torch.ops.normir operators")
+if "torch" in sys.modules:
+    _bind()
+elif not any(isinstance(f, _AfterTorch) for f in sys.meta_path):
+    sys.meta_path.insert(0, _AfterTorch())

@@ -532,7 +532,7 @@ def training_specializations() -> list[dict]:
 
 
 # test_gpu_distributed.py's and scripts/train_demo.py's hidden size (the demo's Config.hidden).
-DIST_N = 256
+DIST_N = SWAP_N
 DIST_OTHER = {"bf16": "f32", "f32": "bf16"}  # dresidual's dtype where it is not dx's
 
 
@@ -541,8 +541,10 @@ def distributed_specializations() -> list[dict]:
     LayerNorm's 1e-5): test_distributed_cpu.CASES in bf16 and fp32 (rows, weight and bias in one
     dtype), one row each; autograd through DTensors (fused_add_layernorm, then rmsnorm of its y);
     the test block's four modules in bf16 (RMSNorm, FusedAddRMSNorm with a bias, LayerNorm,
-    FusedAddLayerNorm; FSDP2, TP+SP, DDP); the demo's RMSNorm and FusedAddRMSNorm (bf16, and fp32
-    for its --dtype fp32). Shards change the rows only, never a kernel."""
+    FusedAddLayerNorm; FSDP2, TP+SP, DDP) and torch's RMSNorm and LayerNorm swapped by replace_norms
+    (the same kernels; their probes' are swap_specializations', SWAP_N = DIST_N); the demo's RMSNorm
+    and FusedAddRMSNorm (bf16, and fp32 for its --dtype fp32). Shards change the rows only, never a
+    kernel; test_distributed_cpu.py checks that these paths ask for nothing else."""
     n, plan = DIST_N, []
     for dt in ("bf16", "f32"):
         plan += [_fwd(n, dt, dt, store_rstd=s) for s in (True, False)]  # rmsnorm_fwd, no rstd

@@ -646,6 +646,10 @@ def test_gpu_tier_asks_for_listed_kernels_only(requested):
                      lambda: parallelize_module(Block(DIST_N).to(BF16), mesh, tp_plan()),
                      lambda: torch.nn.parallel.DistributedDataParallel(Block(DIST_N).to(BF16))):
             whole(make().to(BF16)(x.clone().requires_grad_(True))).backward(dy)
+        swapped = torch.nn.Sequential(torch.nn.RMSNorm(DIST_N, eps=1e-6), torch.nn.Linear(DIST_N, DIST_N),
+                                      torch.nn.LayerNorm(DIST_N)).to(BF16)
+        normir.replace_norms(swapped, probe=False)  # (the probes' kernels: gpu_cases.swap_specializations())
+        whole(fully_shard(swapped, mesh=mesh)(x.clone().requires_grad_(True))).backward(dy)
         demo = demo_module()
         cfg = demo.Config(batch=2)
         tokens, targets = demo.batch(cfg, 0, 0, torch.device("cpu"))

@@ -56,19 +56,15 @@ NCCL_ENV = {"NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1"}
 
 
 @pytest.fixture(scope="module")
-def one_rank(tmp_path_factory):
-    """A process group of this process alone on GPU 0 (NCCL, through a FileStore: no network),
-    for the module's one-GPU tests; each makes its meshes on it."""
+def meshes(tmp_path_factory):
+    """A process group of this process alone on GPU 0 (NCCL, through a FileStore: no network) for
+    the module's one-GPU tests, and its meshes of one and two dims (1 and 1 x 1), by ndim."""
     os.environ.update(NCCL_ENV)
     torch.cuda.set_device(0)
     store = dist.FileStore(str(tmp_path_factory.mktemp("store") / "store"), 1)
     dist.init_process_group("nccl", store=store, rank=0, world_size=1)
-    yield
+    yield {1: init_device_mesh("cuda", (1,)), 2: init_device_mesh("cuda", (1, 1))}
     dist.destroy_process_group()
-
-
-def _mesh(ndim: int = 1):
-    return init_device_mesh("cuda", (1,) * ndim)
 
 
 def _check(kind: str, got: torch.Tensor, want: torch.Tensor, tol: float = 1e-5) -> None:
@@ -88,12 +84,12 @@ PLACEMENTS = ([Shard(0)], [Shard(1)], [Replicate()], [Shard(2)], [Shard(0), Shar
 @pytest.mark.parametrize("placements", PLACEMENTS, ids=str)
 @pytest.mark.parametrize("dtype", sorted(DTYPES))
 @pytest.mark.parametrize("case", sorted(CASES))
-def test_rules_on_one_gpu(one_rank, case, dtype, placements):
+def test_rules_on_one_gpu(meshes, case, dtype, placements):
     op_name, make, kinds = CASES[case]
     args = make(*tensors(shape=SHAPE, dtype=DTYPES[dtype], device="cuda"))
     want = op_of(op_name)(*args)
     last = placements == [Shard(2)]  # the normalized dim: redistributed first (the statistics replicated)
-    dts = distribute(op_name, args, _mesh(len(placements)), placements, stats=[Replicate()] if last else None)
+    dts = distribute(op_name, args, meshes[len(placements)], placements, stats=[Replicate()] if last else None)
     for out, w, kind in zip(op_of(op_name)(*dts), want, kinds):
         if not last:
             assert out.placements == expected(kind, placements), case
@@ -101,7 +97,7 @@ def test_rules_on_one_gpu(one_rank, case, dtype, placements):
 
 
 @pytest.mark.parametrize("dtype", sorted(DTYPES))
-def test_autograd_through_dtensors_on_one_gpu(one_rank, dtype):
+def test_autograd_through_dtensors_on_one_gpu(meshes, dtype):
     x, r, dy, _, w, b, *_ = tensors(shape=SHAPE, dtype=DTYPES[dtype], device="cuda")
 
     def run(wrap):
@@ -113,7 +109,7 @@ def test_autograd_through_dtensors_on_one_gpu(one_rank, dtype):
         return [whole(t).detach() for t in (z, h, xs.grad, rs.grad, ws.grad, bs.grad)]
 
     want = run(lambda t, placements: t)
-    mesh = _mesh()
+    mesh = meshes[1]
     got = run(lambda t, placements: DTensor.from_local(t, mesh, placements))
     for g, e, kind in zip(got, want, (LEAD, LEAD, LEAD, LEAD, SUM, SUM)):
         _check(kind, g, e)
@@ -152,7 +148,7 @@ def _inputs():
 
 
 @pytest.mark.parametrize("variant", ["eager", "compiled", "checkpointed"])
-def test_fsdp2_on_one_gpu(one_rank, variant):
+def test_fsdp2_on_one_gpu(meshes, variant):
     from torch.distributed.fsdp import fully_shard
 
     x, dy = _inputs()
@@ -161,7 +157,7 @@ def test_fsdp2_on_one_gpu(one_rank, variant):
     want = _step(torch.compile(plain) if variant == "compiled" else plain, x, dy)
     block = _block()
     module = Checkpointed(block) if variant == "checkpointed" else block
-    fully_shard(module, mesh=_mesh())
+    fully_shard(module, mesh=meshes[1])
     got = _step(torch.compile(module) if variant == "compiled" else module, x, dy)
     _compare(got, want, exact=variant != "compiled")  # Inductor's graphs differ around FSDP2's hooks
 
@@ -175,7 +171,7 @@ MODULES = {
 
 
 @pytest.mark.parametrize("name", sorted(MODULES))
-def test_sequence_parallel_modules_on_one_gpu(one_rank, name):
+def test_sequence_parallel_modules_on_one_gpu(meshes, name):
     # Each module alone under normir's SequenceParallel: its rows on the sequence shard, bitwise.
     from torch.distributed.tensor.parallel import parallelize_module
 
@@ -190,33 +186,56 @@ def test_sequence_parallel_modules_on_one_gpu(one_rank, name):
         return [whole(o).detach() for o in outs] + rows + [whole(p.grad) for p in module.parameters()]
 
     want = run(MODULES[name]().to(device="cuda", dtype=BF16), lambda t: t)
-    mesh = _mesh()
+    mesh = meshes[1]
     module = parallelize_module(MODULES[name]().to(device="cuda", dtype=BF16), mesh, SequenceParallel())
     got = run(module, lambda t: DTensor.from_local(t, mesh, [Shard(1)]))
     _compare(got, want, exact=True, first_exact=4 if fused else 2)
 
 
-def test_tensor_and_sequence_parallel_block_on_one_gpu(one_rank):
+def test_tensor_and_sequence_parallel_block_on_one_gpu(meshes):
     from torch.distributed.tensor.parallel import parallelize_module
 
     x, dy = _inputs()
     want = _step(_block(), x, dy)
-    got = _step(parallelize_module(_block(), _mesh(), tp_plan()), x, dy)
+    got = _step(parallelize_module(_block(), meshes[1], tp_plan()), x, dy)
     _compare(got, want, exact=False)  # the linear layers through DTensor's matmuls
 
 
-def test_ddp_on_one_gpu(one_rank):
+def test_ddp_on_one_gpu(meshes):
     x, dy = _inputs()
     want = _step(_block(), x, dy)
     got = _step(torch.nn.parallel.DistributedDataParallel(_block(), device_ids=[0]), x, dy)
     _compare(got, want, exact=True)
 
 
+def test_replaced_norms_under_fsdp2_and_sequence_parallel_on_one_gpu(meshes):
+    # torch's norms in a model, swapped by replace_norms (each probed on the GPU), then sharded:
+    # the same as torch's own modules, to bf16's rounding.
+    from torch.distributed.fsdp import fully_shard
+    from torch.distributed.tensor.parallel import parallelize_module
+
+    def model():
+        torch.manual_seed(0)
+        return torch.nn.Sequential(torch.nn.RMSNorm(N, eps=1e-6), torch.nn.Linear(N, N),
+                                   torch.nn.LayerNorm(N)).to(device="cuda", dtype=BF16)
+
+    x, dy = _inputs()
+    want = _step(model(), x, dy)
+    sharded = model()
+    assert [new.__name__ for _, _, new in normir.replace_norms(sharded, strict=True)] == ["RMSNorm", "LayerNorm"]
+    _compare(_step(fully_shard(sharded, mesh=meshes[1]), x, dy), want, exact=False)
+    parallel = model()
+    normir.replace_norms(parallel, strict=True)
+    # The linear layer between the norms takes the local rows (row-wise: no data moves).
+    parallelize_module(parallel, meshes[1], {"0": SequenceParallel(use_local_output=True), "2": SequenceParallel()})
+    _compare(_step(parallel, x, dy), want, exact=False)
+
+
 # ---------------------------------------------------------------------------- the demo's model
 
 
 @pytest.mark.parametrize("mode", ["ddp", "fsdp2", "tp"])
-def test_demo_model_on_one_gpu(one_rank, mode):
+def test_demo_model_on_one_gpu(meshes, mode):
     # The demo's decoder (normir's norms, bf16) parallelized as the demo does, at world size 1:
     # its logits bitwise as the plain model's where no DTensor matmul is in the way, the gradients
     # within bf16's tolerance (attention's backward may add in another order from run to run).
@@ -234,7 +253,7 @@ def test_demo_model_on_one_gpu(one_rank, mode):
     torch.manual_seed(0)
     want = run(demo.Decoder(cfg, "normir").to(device=device, dtype=BF16))
     torch.manual_seed(0)
-    got = run(demo.parallelize(demo.Decoder(cfg, "normir").to(device=device, dtype=BF16), mode, _mesh(), device))
+    got = run(demo.parallelize(demo.Decoder(cfg, "normir").to(device=device, dtype=BF16), mode, meshes[1], device))
     for i, (g, e) in enumerate(zip(got, want)):
         assert g.shape == e.shape
         if i == 0 and mode != "tp":
