@@ -41,10 +41,28 @@ def __getattr__(name: str):
     raise AttributeError(f"module 'normir' has no attribute {name!r}")
 
 
+_pending = False  # torch was imported by a normir module mid-import: that module binds at its end
+
+
+def _importing_normir() -> bool:
+    """A module of normir's is being imported (its import brought torch in)."""
+    return any(getattr(getattr(m, "__spec__", None), "_initializing", False)
+               for name, m in list(sys.modules.items()) if name.startswith("normir.") and m is not None)
+
+
+def _bind_pending() -> None:
+    """Bind now if torch came in while a normir module was being imported (normir.launch's last line)."""
+    global _pending
+    if _pending:
+        _pending = False
+        _bind()
+
+
 class _AfterTorch(importlib.abc.MetaPathFinder):
     """Finds nothing itself: on the import of torch, it hands back torch's own spec with the
-    loader's exec_module wrapped to bind normir (defining its ops) once torch's module has run.
-    It removes itself first, so it acts once."""
+    loader's exec_module wrapped to bind normir (defining its ops) once torch's module has run,
+    or, where a normir module's own import brought torch in, once that module is done. It removes
+    itself first, so it acts once."""
 
     def find_spec(self, name, path=None, target=None):
         if name != "torch":
@@ -56,7 +74,11 @@ class _AfterTorch(importlib.abc.MetaPathFinder):
         run = spec.loader.exec_module
 
         def exec_module(module):
+            global _pending
             run(module)
+            if _importing_normir():
+                _pending = True
+                return
             try:
                 _bind()
             except Exception as e:  # never break the program's import of torch; the API's first use raises

@@ -3,6 +3,7 @@
   normir compile FILE.mlir|KERNEL --target sm_90 --n 4096 [--dtype bf16 ...] [--set NAME=VALUE]
                  [--include DIR] [layout knobs: --tpr --cluster ...] [--emit input|unroll|llvm|isa|bin] [-o OUT]
   normir opt FILE.mlir --pass-pipeline=PIPELINE [--expect-lowered]   replay one stage (repro files)
+  normir explain KERNEL --n N [--dtype ...] [knobs]   the layout policy's rules that fired, and the layout
   normir aot --out DIR PLAN.json       compile a list of specializations into a cache folder
   normir report [--target ...]         compile every kernel at representative shapes; print sizes,
                                        registers (or VGPRs and scratch) and vector widths
@@ -27,7 +28,8 @@ from pathlib import Path
 
 from . import compiler, env, library, targets, template
 from .kernels import KERNELS
-from .options import Options
+from .layout import Layout
+from .options import KNOBS, Build, build, forced
 from .specialize import LAYOUT_VALUES, USER_VALUES, specialize_source, values_for
 
 
@@ -35,20 +37,15 @@ class UsageError(ValueError):
     """A command-line mistake: reported in one line."""
 
 
-# Options fields set by compile's flags (the flag is the field with - for _), with their defaults.
-_LAYOUT_FLAGS = ("tpr", "cluster", "l2_prefetch", "stage", "min_blocks", "max_regs", "hints", "overlap",
-                 "cache_row", "batch_reload", "db_smem", "cast_words", "two_pass", "stage_dres")
-
-
-# ... and the fused ops' features (kernels.KernelSpec.features), under the same rule.
+# The fused ops' features (kernels.KernelSpec.features) set by flags of their names (- for _).
 _FEATURE_FLAGS = ("rdtype", "sdtype", "odtype", "xdtype", "gdtype", "bdtype", "store_residual", "has_dres_out",
                   "weight_offset")
 
 
-def _options_from_args(a: argparse.Namespace, kernel: str) -> Options:
-    return Options(kernel=kernel, n=a.n, dtype=a.dtype, wdtype=a.wdtype or a.dtype, eps=a.eps, target=a.target,
-                   has_weight=not a.no_weight, store_rstd=a.store_rstd, vec=a.vec, atomic_dw=a.atomic_dw,
-                   **{f: getattr(a, f) for f in _LAYOUT_FLAGS + _FEATURE_FLAGS})
+def _build_from_args(a: argparse.Namespace, kernel: str) -> Build:
+    return build(kernel=kernel, n=a.n, dtype=a.dtype, wdtype=a.wdtype or a.dtype, eps=a.eps, target=a.target,
+                 has_weight=not a.no_weight, store_rstd=a.store_rstd, vec=a.vec, atomic_dw=a.atomic_dw,
+                 **{f: getattr(a, f) for f in _FEATURE_FLAGS}, **{k.name: getattr(a, k.name) for k in KNOBS})
 
 
 def find_checkout(start: Path) -> Path | None:
@@ -97,7 +94,7 @@ def _parse_sets(items: list[str] | None) -> dict[str, str]:
 
 
 def _given_flags(argv: list[str]) -> set[str]:
-    """Compile's value flags the user wrote (by Options field), whatever their value."""
+    """Compile's value flags the user wrote (by field name), whatever their value."""
     given = set()
     for arg in argv:
         flag = arg.split("=", 1)[0]
@@ -125,7 +122,7 @@ def cmd_compile(a: argparse.Namespace) -> int:
     kernel = a.kernel or (_kernel_of(src) if is_file else a.source)
     if kernel not in KERNELS:
         raise UsageError(f"cannot tell which kernel {a.source} is; pass --kernel (one of {sorted(KERNELS)})")
-    opts = _options_from_args(a, kernel)
+    opts = _build_from_args(a, kernel)
     sets = _parse_sets(a.set)
     values = {**values_for(opts), **sets}
     resolver = _resolver(a, src if is_file else None)
@@ -150,8 +147,9 @@ def cmd_compile(a: argparse.Namespace) -> int:
     else:
         fmt = "bin" if a.emit == "bin" else "isa"
         keep = (a.emit,) if a.emit in ("unroll", "llvm", "isa") else ()
-        art = compiler.compile_text(source, opts.target, fmt, keep=keep, unroll_limit=opts.layout.unroll_limit,
-                                    label=compiler.default_label(source.text, opts.target), what=opts.describe())
+        target = opts.problem.target
+        art = compiler.compile_text(source, target, fmt, keep=keep, unroll_limit=opts.layout.unroll_limit,
+                                    label=compiler.default_label(source.text, target), what=opts.describe())
         out = art.data if a.emit == "bin" else art.stages[a.emit]
     _write(out, a.output, "--emit bin writes binary: give -o FILE")
     return 0
@@ -179,11 +177,9 @@ def cmd_opt(a: argparse.Namespace) -> int:
     return 0
 
 
-_OPTION_FIELDS = {f.name for f in dataclasses.fields(Options) if f.init}
-
-
-def _load_plan(path: str) -> list[Options]:
-    """A plan: a JSON list of Options fields. Every entry is checked before anything compiles."""
+def _load_plan(path: str) -> list[dict]:
+    """A plan: a JSON list of objects of Problem and Overrides fields. Every entry is checked
+    before anything compiles."""
     try:
         plan = json.loads(Path(path).read_text())
     except OSError as e:
@@ -191,33 +187,28 @@ def _load_plan(path: str) -> list[Options]:
     except json.JSONDecodeError as e:
         raise UsageError(f"{path}: not JSON ({e})") from None
     if not isinstance(plan, list):
-        raise UsageError(f"{path}: a plan is a JSON list of objects of Options fields")
-    out = []
+        raise UsageError(f"{path}: a plan is a JSON list of objects of Problem and Overrides fields")
     for i, entry in enumerate(plan):
         if not isinstance(entry, dict):
-            raise UsageError(f"{path}: entry {i} is not an object of Options fields")
-        unknown = sorted(set(entry) - _OPTION_FIELDS)
-        if unknown:
-            raise UsageError(f"{path}: entry {i} has unknown field(s) {unknown}; the fields are {sorted(_OPTION_FIELDS)}")
+            raise UsageError(f"{path}: entry {i} is not an object of Problem and Overrides fields")
         try:
-            out.append(Options(**entry))
+            build(**entry)
         except (TypeError, ValueError) as e:
             raise UsageError(f"{path}: entry {i}: {e}") from None
-    return out
+    return plan
 
 
-def _aot_one(fields: dict) -> tuple[bool, str]:
-    opts = Options(**fields)
+def _aot_one(fields: dict, out: Path) -> tuple[bool, str]:
+    b = build(**fields)
     try:
-        b = library.get_binary(opts, compile_missing=True)
+        binary = library.get_binary(b, compile_missing=True, root=out)
     except Exception as e:  # noqa: BLE001 - reported by the parent as one line per entry
-        return False, f"{opts.kernel} n={opts.n} {opts.target}: {type(e).__name__}: {e}"
-    what = f"{opts.kernel} n={opts.n} {opts.dtype}/{opts.wdtype} {opts.target} vec={opts.vec}"
-    return True, f"{what} -> {b.fmt} {len(b.data)} B"
+        return False, f"{b.describe()}: {type(e).__name__}: {e}"
+    return True, f"{b.describe()} vec={b.problem.vec} -> {binary.fmt} {len(binary.data)} B"
 
 
 def cmd_aot(a: argparse.Namespace) -> int:
-    """Compile every specialization of a plan (a JSON list of Options fields) into --out."""
+    """Compile every specialization of a plan (a JSON list of Problem and Overrides fields) into --out."""
     plan = _load_plan(a.plan)
     out = Path(a.out).resolve()
     try:
@@ -226,28 +217,16 @@ def cmd_aot(a: argparse.Namespace) -> int:
             pass
     except OSError as e:
         raise UsageError(f"--out {a.out}: cannot write there ({e.strerror or e})") from None
-    # The workers inherit the environment: make --out the cache they write, with no read-only
-    # folders in front of it; restore the caller's environment afterwards.
-    saved = {v.name: os.environ.get(v.name) for v in (env.CACHE_DIR, env.AOT_DIRS)}
-    os.environ[env.CACHE_DIR.name] = str(out)
-    os.environ[env.AOT_DIRS.name] = ""
     failed = []
     from concurrent.futures import ProcessPoolExecutor
+    from functools import partial
 
-    try:
-        fields = [{f: getattr(o, f) for f in _OPTION_FIELDS} for o in plan]
-        with ProcessPoolExecutor(max_workers=a.jobs) as pool:
-            for ok, line in pool.map(_aot_one, fields, chunksize=4):
-                if not ok:
-                    failed.append(line)
-                elif a.verbose:
-                    print(line)
-    finally:
-        for name, value in saved.items():
-            if value is None:
-                os.environ.pop(name, None)
-            else:
-                os.environ[name] = value
+    with ProcessPoolExecutor(max_workers=a.jobs) as pool:
+        for ok, line in pool.map(partial(_aot_one, out=out), plan, chunksize=4):
+            if not ok:
+                failed.append(line)
+            elif a.verbose:
+                print(line)
     if failed:
         first = failed[0].splitlines()
         raise UsageError(f"aot: {len(failed)} of {len(plan)} specializations failed; the first: "
@@ -296,8 +275,8 @@ def cmd_report(a: argparse.Namespace) -> int:
         tgt = targets.get(chip)
         for kernel, shapes in REPORT_SHAPES.items():
             for n, dt in shapes:
-                opts = Options(kernel=kernel, n=n, dtype=dt, wdtype=dt if kernel != "rmsnorm_dw_reduce" else "bf16",
-                               target=chip)
+                opts = build(kernel=kernel, n=n, dtype=dt, wdtype=dt if kernel != "rmsnorm_dw_reduce" else "bf16",
+                             target=chip)
                 fmt = tgt.default_format()
                 art = compiler.compile_text(specialize_source(opts), chip, fmt, keep=("isa",),
                                             unroll_limit=opts.layout.unroll_limit, what=opts.describe())
@@ -319,17 +298,29 @@ def cmd_env(a: argparse.Namespace) -> int:
     return 0
 
 
-def _parser() -> argparse.ArgumentParser:
-    fmt = argparse.ArgumentDefaultsHelpFormatter
-    common = argparse.ArgumentParser(add_help=False)
-    common.add_argument("--debug", action="store_true", help="show the Python traceback of an error")
-    p = argparse.ArgumentParser(prog="normir", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter,
-                                parents=[common])
-    sub = p.add_subparsers(dest="cmd", required=True)
-    c = sub.add_parser("compile", help="specialize and compile one kernel; print or write any stage",
-                       formatter_class=fmt, parents=[common])
-    c.add_argument("source", help="a .mlir file (placeholders allowed) or a registered kernel name")
-    c.add_argument("--kernel", help="registry entry whose layout fills the placeholders (default: the file's stem)")
+def _knob_flags(p: argparse.ArgumentParser) -> None:
+    """A flag per layout knob (options.KNOBS), the policy's choice unless given."""
+    for knob in KNOBS:
+        choices = knob.values or None
+        p.add_argument(f"--{knob.name.replace('_', '-')}", type=int, default=None, choices=choices,
+                       metavar=None if choices else "N", help=f"{knob.help}; None: the policy's")
+
+
+def cmd_explain(a: argparse.Namespace) -> int:
+    """The policy's rules that fired for a kernel's problem, in order, and the layout they gave."""
+    if a.kernel not in KERNELS:
+        raise UsageError(f"{a.kernel}: not a kernel; choose one of {sorted(KERNELS)}")
+    b = _build_from_args(a, a.kernel)
+    print(b.describe())
+    print("rules that fired: " + (", ".join(b.rules) if b.rules else "none (the geometry's layout)"))
+    knobs = forced(b.overrides)
+    if knobs:
+        print("forced: " + " ".join(f"{k}={v}" for k, v in knobs.items()))
+    print("layout: " + " ".join(f"{f.name}={getattr(b.layout, f.name)}" for f in dataclasses.fields(Layout)))
+    return 0
+
+
+def _problem_flags(c: argparse.ArgumentParser) -> None:
     c.add_argument("--target", default="sm_90", choices=sorted(targets.TARGETS), help="the chip")
     c.add_argument("--n", type=int, default=4096, help="row length N")
     c.add_argument("--dtype", default="bf16", help="x's type: bf16, f16 or f32")
@@ -349,42 +340,21 @@ def _parser() -> argparse.ArgumentParser:
     c.add_argument("--store-residual", action="store_true", help=f"forward: write residual_out {feature}")
     c.add_argument("--has-dres-out", action="store_true", help=f"backward: add d_residual_out to dx {feature}")
     c.add_argument("--weight-offset", type=float, default=0.0, help=f"scale by (w + offset) {feature}")
-    c.add_argument("--tpr", type=int, default=0, help="threads per row (0: the layout policy's)")
-    c.add_argument("--cluster", type=int, default=0, help="blocks per row, a thread-block cluster (sm_90+; 0: the policy's)")
-    c.add_argument("--l2-prefetch", type=int, default=-1, choices=(-1, 0, 1),
-                   help="the backward's L2 prefetch of the next row (-1: the policy's)")
-    c.add_argument("--stage", type=int, default=-1, choices=(-1, 0, 1),
-                   help="stage rows in shared memory (-1: the policy's)")
-    c.add_argument("--min-blocks", type=int, default=0,
-                   help="blocks per multiprocessor the registers must allow (NVVM minctasm; 0: the policy's)")
-    c.add_argument("--max-regs", type=int, default=0,
-                   help="registers a thread may take at most (NVVM maxnreg, PTX .maxnreg; 0: ptxas's choice)")
-    c.add_argument("--hints", type=int, default=-1, metavar="H",
-                   help="cache hints, a sum of 1 (last reads evict first from L2), 2 (stores evict first), "
-                   "4 (reads repeated later evict last), 16 (loads ask L1 to keep their lines), "
-                   "32 (last reads ask L1 to evict them first); 0 none, -1 the policy's")
-    c.add_argument("--overlap", type=int, default=-1,
-                   help="backward over a cluster: pass 2's chunks loaded inside the cluster exchange; forward with "
-                        "rows held: pass 2's first chunks of w and b loaded before the reductions (-1: the policy's)")
-    c.add_argument("--cache-row", type=int, default=-1, choices=(-1, 0, 1),
-                   help="hold the row (x; the backward's x and dy) in registers between the passes (1) or "
-                        "read it again (0)")
-    c.add_argument("--batch-reload", type=int, default=-1, choices=(-1, 0, 1),
-                   help="forward rows read twice: pass 2 loads all its chunks of x and w before computing (1) "
-                        "or chunk by chunk (0)")
-    c.add_argument("--db-smem", type=int, default=-1, choices=(-1, 0, 1, 2, 3),
-                   help="backward with a bias: db's column sums in shared memory, each thread its own slots (1), "
-                        "in 16-byte quarters without bank conflicts (2), dw's too in quarters (3), or in "
-                        "registers (0)")
-    c.add_argument("--two-pass", type=int, default=-1, choices=(-1, 0, 1),
-                   help="LayerNorm's forward of held rows: the row's sum, then the squared deviations from its mean "
-                        "over the held chunks, two plain reductions (1), or Chan's merges of (n, mean, M2) (0)")
-    c.add_argument("--cast-words", type=int, default=-1, choices=(-1, 0, 1),
-                   help="pass 2's bf16 casts by 32-bit words, one instruction an element (1; the forward's "
-                        "x_hat * w + b as one fma), or element by element (0)")
-    c.add_argument("--stage-dres", type=int, default=-1, choices=(-1, 0, 1),
-                   help="a backward's d_residual_out copied into shared memory by asynchronous copies in pass 1, "
-                        "read from there in pass 2 (1), or loaded in pass 2 (0)")
+    _knob_flags(c)
+
+
+def _parser() -> argparse.ArgumentParser:
+    fmt = argparse.ArgumentDefaultsHelpFormatter
+    common = argparse.ArgumentParser(add_help=False)
+    common.add_argument("--debug", action="store_true", help="show the Python traceback of an error")
+    p = argparse.ArgumentParser(prog="normir", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter,
+                                parents=[common])
+    sub = p.add_subparsers(dest="cmd", required=True)
+    c = sub.add_parser("compile", help="specialize and compile one kernel; print or write any stage",
+                       formatter_class=fmt, parents=[common])
+    c.add_argument("source", help="a .mlir file (placeholders allowed) or a registered kernel name")
+    c.add_argument("--kernel", help="registry entry whose layout fills the placeholders (default: the file's stem)")
+    _problem_flags(c)
     c.add_argument("--set", action="append", metavar="NAME=VALUE",
                    help="fill a placeholder the text uses with VALUE (not the layout's: use the knobs above)")
     c.add_argument("--include", action="append", metavar="DIR",
@@ -392,6 +362,11 @@ def _parser() -> argparse.ArgumentParser:
     c.add_argument("--emit", default="isa", choices=["input", "unroll", "llvm", "isa", "bin"], help="the stage to print")
     c.add_argument("-o", "--output", help="write the output here instead of stdout")
     c.set_defaults(fn=cmd_compile)
+    x = sub.add_parser("explain", help="the layout policy's rules that fired for a kernel, and its layout",
+                       formatter_class=fmt, parents=[common])
+    x.add_argument("kernel", help="a registered kernel name")
+    _problem_flags(x)
+    x.set_defaults(fn=cmd_explain)
     op = sub.add_parser("opt", help="run one pass pipeline over a file (the reproduction a failing stage prints)",
                         formatter_class=fmt, parents=[common])
     op.add_argument("file", help="an MLIR file")
@@ -402,7 +377,7 @@ def _parser() -> argparse.ArgumentParser:
     op.set_defaults(fn=cmd_opt)
     o = sub.add_parser("aot", help="compile a plan of specializations into a cache folder", formatter_class=fmt,
                        parents=[common])
-    o.add_argument("plan", help="a JSON list of objects of Options fields")
+    o.add_argument("plan", help="a JSON list of objects of Problem and Overrides fields")
     o.add_argument("--out", required=True, help="the cache folder to fill")
     o.add_argument("--jobs", type=int, default=os.cpu_count() or 1, help="compile processes")
     o.add_argument("-v", "--verbose", action="store_true", help="a line per specialization")

@@ -57,7 +57,7 @@ class RowWork:
     bias_sums: bool = False  # and one more (db) when the op has a bias
     sums: int = 1  # fp32 sums per row through the block reduction and the cluster exchange
     held: tuple[str, ...] | None = None  # the rows held in registers between the passes (None: reads)
-    # Reads that happen only with an option: (placeholder, Options field) (the residual: rdtype).
+    # Reads that happen only with an option: (placeholder, Problem field) (the residual: rdtype).
     read_if: tuple[tuple[str, str], ...] = ()
 
     @property
@@ -108,7 +108,7 @@ class KernelSpec:
     grid: str  # "rows": a block (cluster) per row group; "persistent": at most as many as run at once; "cols"
     work: RowWork | None  # None: not a row kernel (the column sums), with a fixed layout
     stats: Stats | None = None  # the op's math (row kernels)
-    # The optional features the kernel takes (Options fields that may differ from their defaults):
+    # The optional features the kernel takes (Problem fields that may differ from their defaults):
     # residual, store_residual, bias, weight_offset, odtype (y's / dy's own type), xdtype (dx's),
     # dres (a dresidual of its own type), dres_out (reads d_residual_out, in a type of its own: gdtype).
     features: frozenset[str] = frozenset()

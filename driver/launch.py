@@ -1,7 +1,7 @@
 """Torch-facing launch plumbing: device -> target, the kernel handle cache, streams, vector width.
 
 The hot path (a dict hit, a few int operations and one ctypes call) never imports MLIR, hashes
-kernel text or builds Options; those happen once per (kernel, shape, dtype, device) on a miss.
+kernel text or decides a layout; those happen once per (kernel, shape, dtype, device) on a miss.
 """
 
 from __future__ import annotations
@@ -10,14 +10,15 @@ import contextlib
 import re
 import threading
 from collections.abc import Iterator
+from dataclasses import replace
 from functools import cache
 
 import torch
 
-from . import env, library, runtime, targets
+from . import _bind_pending, env, library, runtime, targets
 from .kernels import KERNELS
 from .layout import MAX_VECTOR_BYTES, Layout
-from .options import Options
+from .options import KNOBS, Overrides, Problem, build
 
 TORCH_DTYPES = {torch.bfloat16: "bf16", torch.float16: "f16", torch.float32: "f32"}
 
@@ -45,32 +46,33 @@ def device_target(index: int) -> str:
     return chip
 
 
-_TPR_ITEM = re.compile(r"(\w+):(\d+)=(\d+)(?:x(\d+))?(?:p([01]))?(?:s([01]))?(?:m(\d+))?(?:h(\d+))?(?:v(\d+))?"
-                       r"(?:o(\d+))?(?:r([01]))?(?:b([01]))?(?:d([0-3]))?(?:n(\d+))?(?:w([01]))?(?:t([01]))?(?:g([01]))?")
+# NORMIR_TPR's item: KERNEL:N=TPR, then each knob's letter and value in options.KNOBS' order (v, a
+# narrower vector than the tensors allow, after h). 0 for TPR (and x0, m0, n0, v0) is the policy's.
+_TPR_LETTERS = [k.tpr for k in KNOBS[1:]]
+_TPR_LETTERS.insert(_TPR_LETTERS.index("h") + 1, "v")
+_TPR_ITEM = re.compile(r"(\w+):(\d+)=(\d+)" + "".join(f"(?:{c}(\\d+))?" for c in _TPR_LETTERS))
+_TPR_NAMES = ["tpr"] + [k.name for k in KNOBS[1:]]
+_TPR_NAMES.insert(_TPR_NAMES.index("hints") + 1, "vec")
+TPR_FORM = "KERNEL:N=TPR" + "".join(f"[{c}N]" for c in _TPR_LETTERS)
 
 
 def tpr_overrides() -> dict[tuple[str, int], dict[str, int]]:
-    """NORMIR_TPR parsed: {(kernel, n): Options fields}: tpr (threads per row), cluster (blocks
-    per row), l2_prefetch, stage, min_blocks, hints, vec (elements per vector access, at most
-    what the tensors' alignment allows), overlap, cache_row, batch_reload (b), db_smem (d) and
-    max_regs (n), cast_words (w), two_pass (t) and stage_dres (g); the policy's values (0, 0, -1, -1, 0,
-    -1, 0, -1, -1, -1, -1, 0, -1, -1, -1) where omitted."""
+    """NORMIR_TPR parsed: {(kernel, n): the knobs it forces (options.KNOBS), and vec (a narrower
+    vector access)}. A knob's 0 where 0 is no value of it (tpr, cluster, min_blocks, max_regs,
+    vec) is the policy's, as in the variant strings of docs/results/."""
     out = {}
     for item in filter(None, (p.strip() for p in env.TPR.get().split(","))):
         m = _TPR_ITEM.fullmatch(item)
         if m is None:
-            raise ValueError(f"NORMIR_TPR item {item!r} is not KERNEL:N=TPR[xCLUSTER][p0|p1][s0|s1][mBLOCKS]"
-                             "[hHINTS][vVEC][oCHUNKS][r0|r1][b0|b1][d0-d3][nREGS][w0|w1][t0|t1][g0|g1] "
-                             "(e.g. rmsnorm_bwd:65536=512x2p0s1m2h1)")
-        out[(m[1], int(m[2]))] = dict(tpr=int(m[3]), cluster=int(m[4] or 0), l2_prefetch=int(m[5]) if m[5] else -1,
-                                      stage=int(m[6]) if m[6] else -1, min_blocks=int(m[7] or 0),
-                                      hints=int(m[8]) if m[8] else -1, vec=int(m[9] or 0),
-                                      overlap=int(m[10]) if m[10] else -1, cache_row=int(m[11]) if m[11] else -1,
-                                      batch_reload=int(m[12]) if m[12] else -1,
-                                      db_smem=int(m[13]) if m[13] else -1, max_regs=int(m[14] or 0),
-                                      cast_words=int(m[15]) if m[15] else -1,
-                                      two_pass=int(m[16]) if m[16] else -1,
-                                      stage_dres=int(m[17]) if m[17] else -1)
+            raise ValueError(f"NORMIR_TPR item {item!r} is not {TPR_FORM} (e.g. rmsnorm_bwd:65536=512x2p0s1m2h1)")
+        given = {name: int(v) for name, v in zip(_TPR_NAMES, m.groups()[2:]) if v is not None}
+        knobs = {name: v for name, v in given.items()
+                 if not (v == 0 and name in ("tpr", "cluster", "min_blocks", "max_regs", "vec"))}
+        try:
+            Overrides(**{k: v for k, v in knobs.items() if k != "vec"})
+        except ValueError as e:
+            raise ValueError(f"NORMIR_TPR item {item!r} is not {TPR_FORM}: {e}") from None
+        out[(m[1], int(m[2]))] = knobs
     return out
 
 
@@ -90,33 +92,29 @@ def clear_handles() -> None:
         table.clear()
 
 
-def handle(kernel: str, device: int, n: int, dtype: str, wdtype: str, eps: float, has_weight: bool,
-           store_rstd: bool, vec: int, atomic_dw: bool = False, extra: tuple[tuple[str, object], ...] = ()
-           ) -> tuple[runtime.LaunchHandle, Layout]:
-    """The loaded kernel and its layout for a problem; extra: more Options fields as (name, value)
-    pairs (the fused ops' dtypes and flags)."""
-    key = (kernel, device, n, dtype, wdtype, eps, has_weight, store_rstd, vec, atomic_dw, extra)
+def handle(problem: Problem, device: int) -> tuple[runtime.LaunchHandle, Layout]:
+    """The loaded kernel and its layout for a problem on a device (its target is the device's;
+    NORMIR_TPR's knobs for its kernel and N, if any, forced)."""
+    key = (problem, device)
     hit = _handles.get(key)
     if hit is not None:
         return hit
     with _lock:
         hit = _handles.get(key)
         if hit is None:
-            over = dict(tpr_overrides().get((kernel, n), {}))
-            vec = min(vec, over.pop("vec", 0) or vec)  # a narrower vector than the pointers allow
-            opts = Options(kernel=kernel, n=n, dtype=dtype, wdtype=wdtype, eps=eps,
-                           target=device_target(device), has_weight=has_weight,
-                           store_rstd=store_rstd, vec=vec, atomic_dw=atomic_dw, **dict(extra), **over)
-            binary = library.get_binary(opts)
+            over = dict(tpr_overrides().get((problem.kernel, problem.n), {}))
+            vec = min(problem.vec, over.pop("vec", problem.vec))  # a narrower vector than the pointers allow
+            b = build(replace(problem, target=device_target(device), vec=vec), Overrides(**over))
+            binary = library.get_binary(b)
             drv = runtime.driver(vendor())
             with _loading(drv):
                 fn = drv.function(device, binary.key, binary.data, binary.entry)
-                spec = KERNELS[kernel]
-                programmatic = spec.programmatic and targets.get(opts.target).grid_dep_piece is not None
-                h = runtime.LaunchHandle(drv, fn, binary.entry, opts.layout.block, spec.arg_names,
-                                         tuple("p" if a.pointer else "q" for a in spec.args), opts.layout.cluster,
-                                         opts.layout.smem_bytes, device, programmatic)
-            hit = _handles[key] = (h, opts.layout)
+                spec = KERNELS[problem.kernel]
+                programmatic = spec.programmatic and targets.get(b.problem.target).grid_dep_piece is not None
+                h = runtime.LaunchHandle(drv, fn, binary.entry, b.layout.block, spec.arg_names,
+                                         tuple("p" if a.pointer else "q" for a in spec.args), b.layout.cluster,
+                                         b.layout.smem_bytes, device, programmatic)
+            hit = _handles[key] = (h, b.layout)
     return hit
 
 
@@ -175,3 +173,8 @@ def dtype_name(t: torch.dtype, what: str) -> str:
     except KeyError:
         raise TypeError(f"{what} has dtype {t}; normir supports torch.bfloat16, torch.float16 and "
                         f"torch.float32") from None
+
+
+# Importing this module first (before normir.ops) brings torch in: the ops are defined now that
+# everything above is (normir/__init__.py).
+_bind_pending()

@@ -18,7 +18,7 @@ from . import targets
 from .kernels import KernelSpec, RowWork
 
 if TYPE_CHECKING:
-    from .options import Options
+    from .options import Options, Overrides, Problem
 
 DTYPES = {"bf16": 2, "f16": 2, "f32": 4}  # MLIR element type -> bytes
 MAX_VECTOR_BYTES = 16
@@ -35,6 +35,11 @@ AMD_1024_ROW_ELEMENTS_WB = 32  # the same beside a weight and a bias (fwd_layout
 # into a spill, and the count that keeps them rolled (see _bwd_block_layout). Found by compiling
 # every N in every dtype (tests/test_gfx950_scratch.py).
 AMD_UNROLL_K = {True: {4: (16, 64, 64), 8: (12, 16, 32)}, False: {4: (32, 64, 64), 8: (16, 24, 32)}}
+# The same for rows whose chunks are wider than 16 bytes (a gradient or residual_out of another
+# type than the row's narrowest: fp32 chunks of 8): every count of chunks under this one spilled
+# somewhere (6-688 B at 512 threads, 84-3028 B at 128-448), none from it (k >= 43; the fused add's
+# backward, RMSNorm's and LayerNorm's at 16384-262144, tests/test_gfx950_scratch.py).
+AMD_WIDE_ROLLED_K = 48
 MAX_STAGE_BYTES = 200 * 1024  # STAGE buffers past this leave too little shared memory
 MAX_DB_SMEM_BYTES = 40 * 1024  # db's slots in static shared memory (48 KB at most, beside the reductions')
 # The quarter slots (db_smem 2, 3) past that go to dynamic shared memory, up to two blocks' worth of
@@ -58,7 +63,7 @@ BWD_SUMS4_REGS = 200  # the same at 4 chunks a thread over a cluster, read again
 STAGE_POLICY_BYTES = 100 * 1024
 FWD_STREAM_CHUNKS = (128, 4096)  # rows a one-pass kernel reads twice with L2 hints (_streamed)
 MAX_MIN_BLOCKS = 32  # NVVM's .minnctapersm: at most the resident blocks of a multiprocessor
-# Options.hints bits (see mlir/common/hint_io_nvvm.mlir): a row's last read asks L2 to evict
+# The hints knob's bits (see mlir/common/hint_io_nvvm.mlir): a row's last read asks L2 to evict
 # its lines first; stores do; a first read that pass 2 repeats asks L2 to keep them; loads ask L1
 # to keep their lines (.L1::evict_last); a row's last reads ask L1 to evict first (.L1::evict_first).
 HINT_LAST_READ, HINT_STORES, HINT_KEEP, HINT_L1_KEEP, HINT_L1_FIRST = 1, 2, 4, 16, 32
@@ -112,7 +117,7 @@ class Layout:
     max_regs: int = 0  # registers a thread may take at most (forced, or _rows_cap's); 0: no cap
     hints: int = 0  # cache hints, a sum of the HINT_* bits (loads of the rows read, stores of those written)
     overlap: int = 0  # pass 2's first chunks loaded early (a backward's in the exchange, a held forward's w and b)
-    db_smem: int = 0  # persistent with a bias: db's column sums in shared memory, each thread its own (Options.db_smem)
+    db_smem: int = 0  # persistent with a bias: db's column sums in shared memory, each thread its own (the db_smem knob)
     cast_words: bool = False  # the forward's pass-2 bf16 casts by 32-bit words, x_hat * w + b one fma (_cast_words)
     two_pass: bool = False  # LayerNorm's held rows: the variance by a second pass over the held chunks (_two_pass)
     stage_dres: bool = False  # d_residual_out copied into shared memory in pass 1, read there in pass 2 (_stage_dres)
@@ -208,21 +213,81 @@ def row_types(work: RowWork, opts: Options) -> set[str]:
     return {t[p] for p in (*reads(work, opts), *work.writes, *work.held_rows, *("GT",) * opts.has_dres_out)}
 
 
-def decide(opts: Options, tgt: targets.Target, spec: KernelSpec) -> Layout:
-    """The layout of a kernel for a problem: the policy's, with the forced knobs of opts applied
-    and checked (an impossible one raises ValueError naming it and the fix)."""
+# A knob the caller left to the policy, as the rules below read it: tpr, cluster, min_blocks and
+# max_regs 0, the others -1.
+_POLICY = {"tpr": 0, "cluster": 0, "min_blocks": 0, "max_regs": 0}
+
+
+class _Asked:
+    """The problem's fields and the knobs, as the rules read them (a knob not forced at its
+    _POLICY value)."""
+
+    __slots__ = ("_problem", "_overrides")
+
+    def __init__(self, problem: Problem, overrides: Overrides):
+        self._problem, self._overrides = problem, overrides
+
+    def __getattr__(self, name: str):
+        if hasattr(self._overrides, name):
+            value = getattr(self._overrides, name)
+            return _POLICY.get(name, -1) if value is None else value
+        return getattr(self._problem, name)
+
+
+def _check_overrides(opts, tgt: targets.Target) -> None:
+    """The knobs forced against the target (Overrides checked their values alone)."""
+    if opts.tpr and not (opts.tpr % tgt.warp == 0 or (opts.tpr < tgt.warp and opts.tpr & (opts.tpr - 1) == 0)):
+        raise ValueError(f"tpr={opts.tpr} must be a power of two below the warp ({tgt.warp}) or a multiple of it, at "
+                         f"most {MAX_THREADS}")
+    if opts.cluster > 1 and not tgt.clusters:
+        raise ValueError(f"cluster={opts.cluster}: {opts.target} has no thread-block clusters; use cluster=1")
+    top = max(MAX_CLUSTER, tgt.max_cluster)
+    if opts.cluster and not (opts.cluster & (opts.cluster - 1) == 0 and opts.cluster <= top):
+        raise ValueError(f"cluster={opts.cluster} must be a power of two, at most {top} on {opts.target} "
+                         f"({MAX_CLUSTER} portable; past it the driver is asked for a non-portable size)")
+    if opts.cluster > 1 and opts.n % (opts.cluster * opts.vec):
+        raise ValueError(f"cluster={opts.cluster} must split N={opts.n} into whole vectors of {opts.vec}")
+    if opts.l2_prefetch == 1 and tgt.prefetch_piece is None:
+        raise ValueError(f"l2_prefetch=1: {opts.target} has no L2 prefetch instruction; use None or 0")
+    if opts.max_regs and opts.max_regs > tgt.max_regs:
+        raise ValueError(f"max_regs={opts.max_regs}: {opts.target} has at most {tgt.max_regs} registers a thread")
+    if opts.max_regs and not tgt.max_regs_attr:
+        raise ValueError(f"max_regs={opts.max_regs}: {opts.target} has no register cap attribute; use None")
+    if opts.min_blocks and not tgt.min_blocks_attr:
+        raise ValueError(f"min_blocks={opts.min_blocks}: {opts.target} has no blocks-per-multiprocessor bound; use None")
+
+
+def decide(problem: Problem, overrides: Overrides, tgt: targets.Target, spec: KernelSpec
+           ) -> tuple[Layout, tuple[str, ...]]:
+    """The layout of a kernel for a problem: the policy's, with the forced knobs applied and
+    checked (an impossible one raises ValueError naming it and the fix), and the names of the
+    policy's steps that changed it, in order."""
+    opts = _Asked(problem, overrides)
+    _check_overrides(opts, tgt)
+    fired: list[str] = []
+    lay = _decide(opts, tgt, spec, fired)
+    return lay, tuple(fired)
+
+
+def _step(fired: list[str], name: str, before: Layout, after: Layout) -> Layout:
+    if after != before:
+        fired.append(name)
+    return after
+
+
+def _decide(opts: Options, tgt: targets.Target, spec: KernelSpec, fired: list[str]) -> Layout:
     if spec.work is None:
         for knob, default in (("tpr", 0), ("cluster", 0), ("stage", -1), ("cache_row", -1), ("l2_prefetch", -1),
                               ("hints", -1), ("overlap", -1), ("batch_reload", -1), ("max_regs", 0)):
             value = getattr(opts, knob)
             if value != default and not (knob == "stage" and value == 0):
-                raise ValueError(f"{knob}={value}: {spec.name} has a fixed layout; leave {knob} at {default}")
+                raise ValueError(f"{knob}={value}: {spec.name} has a fixed layout; leave {knob} to the policy (None)")
         return reduce_layout(opts.n, opts.vec, tgt.warp)
     work = spec.work
     persistent = spec.grid == "persistent"
-    lay = bwd_layout(opts, tgt, work) if persistent else fwd_layout(opts, tgt, work)
-    lay = _cache_row(opts, lay, tgt, work, persistent)
-    lay = _staged(opts, lay, tgt, work, persistent)
+    lay = bwd_layout(opts, tgt, work, fired) if persistent else fwd_layout(opts, tgt, work)
+    lay = _step(fired, "cache_row", lay, _cache_row(opts, lay, tgt, work, persistent))
+    lay = _step(fired, "staged", lay, _staged(opts, lay, tgt, work, persistent))
     if persistent:
         # Measured on the H200 (*tune-v5*): +2-19% for the backward's one-row blocks. One-pass
         # kernels lost 3-24% with it (*tune-v9*) and have none.
@@ -230,13 +295,13 @@ def decide(opts: Options, tgt: targets.Target, spec: KernelSpec) -> Layout:
         lay = replace(lay, l2_prefetch=policy if opts.l2_prefetch == -1 else bool(opts.l2_prefetch))
     elif opts.l2_prefetch == 1:
         raise ValueError(f"l2_prefetch=1: {spec.name} (a block per row group) has no L2 prefetch of a next row; "
-                         "use -1 or 0")
+                         "use None or 0")
     hintable = _hintable(opts, tgt, work, lay)
     if opts.hints > 0 and not hintable:
         chunk_bytes = sorted({lay.vec * DTYPES[t] for t in row_types(work, opts)})
         raise ValueError(f"hints={opts.hints}: {spec.name} on {opts.target} has no L2 eviction hints for "
                          f"{'/'.join(map(str, chunk_bytes))}-byte chunks (they need 16 and an NVVM target); "
-                         "use -1 or 0")
+                         "use None or 0")
     hints = _hint_policy(lay, persistent, opts.has_weight) if opts.hints == -1 and hintable else max(0, opts.hints)
     lay = replace(lay, min_blocks=opts.min_blocks or lay.min_blocks, max_regs=opts.max_regs or lay.max_regs,
                   hints=hints)
@@ -244,19 +309,20 @@ def decide(opts: Options, tgt: targets.Target, spec: KernelSpec) -> Layout:
         why = f"N={opts.n} holds them in registers (cache_row=0 reads them again)" if lay.cache_row else \
             f"{spec.name} has no such pass"
         raise ValueError(f"batch_reload=1 needs a kernel of a block per row reading its rows twice; {why}; "
-                         "use -1 or 0")
+                         "use None or 0")
     if opts.batch_reload != -1:
         lay = replace(lay, batch_reload=bool(opts.batch_reload))
     w_bytes = DTYPES[opts.wdtype] if opts.has_weight else 0
     if lay.prefetch_w and lay.min_blocks > 1 and lay.k * lay.vec * (held_bytes(work, opts) + w_bytes) \
             > tgt.reg_budget_bytes(lay.block * lay.min_blocks):
         lay = replace(lay, prefetch_w=False)  # the weight's registers must fit the cap too
-    lay = _db_smem(opts, lay, tgt, work, persistent)
-    lay = _overlap(opts, lay, persistent)  # after db_smem: both sums in shared memory free registers for it
-    lay = _held_quads(opts, tgt, work, lay, persistent)
-    lay = _cast_words(opts, tgt, work, lay, persistent)
-    lay = _two_pass(opts, tgt, work, lay, persistent)
-    lay = _stage_dres(opts, tgt, lay, persistent)
+    lay = _step(fired, "db_smem", lay, _db_smem(opts, lay, tgt, work, persistent))
+    # after db_smem: both sums in shared memory free registers for it
+    lay = _step(fired, "overlap", lay, _overlap(opts, lay, persistent))
+    lay = _step(fired, "held_quads", lay, _held_quads(opts, tgt, work, lay, persistent))
+    lay = _step(fired, "cast_words", lay, _cast_words(opts, tgt, work, lay, persistent))
+    lay = _step(fired, "two_pass", lay, _two_pass(opts, tgt, work, lay, persistent))
+    lay = _step(fired, "stage_dres", lay, _stage_dres(opts, tgt, lay, persistent))
     if lay.tpr > lay.nchunk:  # the policy's own layouts; forced ones are refused in _forced
         raise AssertionError(f"layout policy bug: {spec.name} N={opts.n} has {lay.tpr} threads per row for "
                              f"{lay.nchunk} chunks; threads without a chunk may hang the block reduction")
@@ -327,7 +393,7 @@ def _stage_dres(opts: Options, tgt: targets.Target, lay: Layout, persistent: boo
         raise ValueError(f"stage_dres=1 needs a backward reading d_residual_out (has_dres_out) on a target with "
                          f"asynchronous copies ({tgt.chip}: {'yes' if tgt.stage_piece else 'no'}), 16-byte chunks "
                          f"(here {lay.vec * DTYPES[types(opts)['GT']]}), the rows not staged, and its {lay.k} x "
-                         f"{lay.block} chunks within {MAX_STAGE_BYTES} bytes of shared memory; use -1 or 0")
+                         f"{lay.block} chunks within {MAX_STAGE_BYTES} bytes of shared memory; use None or 0")
     # The policy's: with _held_quads' rows. Alone it lost 2-14% (the fused adds' backwards at
     # 7168-65536 read again or held in 2 chunks; *tune-v164*), but for 2880 (+1%).
     return replace(lay, stage_dres=lay.stage_dres if opts.stage_dres == -1 else bool(opts.stage_dres))
@@ -363,7 +429,7 @@ def _cast_words(opts: Options, tgt: targets.Target, work: RowWork, lay: Layout, 
         words = bool(opts.cast_words)
         if words and lay.vec % 2:
             raise ValueError(f"cast_words=1 needs chunks of whole 32-bit words (an even vec; here {lay.vec}); "
-                             "use -1 or 0")
+                             "use None or 0")
         return replace(lay, cast_words=words)
     if not tgt.is_nvidia or lay.vec % 2:
         return lay
@@ -399,7 +465,7 @@ def _two_pass(opts: Options, tgt: targets.Target, work: RowWork, lay: Layout, pe
     if opts.two_pass == 1 and not fits:
         raise ValueError(f"two_pass=1 needs LayerNorm's forward with its rows held in registers, one row a "
                          f"block and no cluster (here {opts.kernel}, cache_row={lay.cache_row}, rows={lay.rows}, "
-                         f"cluster={lay.cluster}); use -1 or 0")
+                         f"cluster={lay.cluster}); use None or 0")
     if opts.two_pass != -1:
         return replace(lay, two_pass=bool(opts.two_pass))
     return replace(lay, two_pass=fits and tgt.is_nvidia and not lay.equal_counts)
@@ -430,13 +496,13 @@ def _overlap(opts: Options, lay: Layout, persistent: bool) -> Layout:
     lost 1% with 1 or 2 (a block fewer), LayerNorm's held 2880 (one block) tied. 16-bit rows, w and
     b only (measured in bf16)."""
     if isinstance(opts.overlap, bool) or not isinstance(opts.overlap, int) or not -1 <= opts.overlap <= lay.k:
-        raise ValueError(f"overlap={opts.overlap!r}: choose -1 (the policy's), 0 (none) or a chunk count up to "
+        raise ValueError(f"overlap={opts.overlap!r}: choose None (the policy's), 0 (none) or a chunk count up to "
                          f"K={lay.k}")
     if not persistent:  # a forward: pass 2's first chunks of w and b loaded before the reductions
         if opts.overlap > 0 and (not lay.cache_row or lay.stage):
             raise ValueError(f"overlap={opts.overlap}: a forward loads pass 2's chunks of w and b early only where "
                              f"its rows are held in registers (N={opts.n} here: "
-                             f"{'staged' if lay.stage else 'read again'}); use -1 or 0")
+                             f"{'staged' if lay.stage else 'read again'}); use None or 0")
         wb_types = ((opts.wdtype,) if opts.has_weight else ()) + ((opts.bdtype,) if opts.bdtype else ())
         # 16-bit rows, w and b only: fp32 ones take twice the registers early (ptxas at the 64-register
         # cap: 8 bytes spilled for f32 rows at 65536, 24 for a bf16 row's fp32 w and b).
@@ -450,7 +516,7 @@ def _overlap(opts: Options, lay: Layout, persistent: bool) -> Layout:
     overlappable = persistent and lay.cluster > 1 and lay.dw_regs and not lay.cache_row and not lay.stage
     if opts.overlap > 0 and not overlappable:
         raise ValueError(f"overlap={opts.overlap} needs a persistent kernel (a backward) with rows split over a "
-                         f"cluster (here {lay.cluster} block(s)), sums in registers, no staging; use -1 or 0")
+                         f"cluster (here {lay.cluster} block(s)), sums in registers, no staging; use None or 0")
     # Both column sums in shared memory (db_smem 3) leave the registers for all 4 chunks, in whole
     # powers of two of warps without d_residual_out (ptxas: 5 warps spilled 16 bytes at the cap; 3
     # chunks beside d_residual_out's early ones spilled 8-24 bytes in RMSNorm's fused add with a
@@ -543,7 +609,7 @@ def _db_smem(opts: Options, lay: Layout, tgt: targets.Target, work: RowWork, per
                              f"stage buffers take the shared memory), in at most {most} bytes of "
                              f"shared memory (here {'a backward' if persistent else 'a forward'}, sums in "
                              f"{'registers' if lay.dw_regs else 'memory'}, {'staged' if lay.stage else 'not staged'}"
-                             f", {need} bytes); use -1 or 0, or stage=0")
+                             f", {need} bytes); use None or 0, or stage=0")
         return replace(lay, db_smem=min(opts.db_smem, 1 + moved))  # 3 without a weight: 2
     full = _full(lay)
     sums_regs = lay.k * lay.vec * col_sums(work, opts)  # fp32 column sums per thread (dw's and db's)
@@ -679,7 +745,7 @@ def _clustered(lay: Layout, c: int) -> Layout:
 # ---------------------------------------------------------------------------- persistent kernels
 
 
-def bwd_layout(opts: Options, tgt: targets.Target, work: RowWork) -> Layout:
+def bwd_layout(opts: Options, tgt: targets.Target, work: RowWork, fired: list[str] | None = None) -> Layout:
     """A persistent kernel's layout (the backward): rows whose fp32 column sums do not fit one
     block's registers, or need more than BWD_SPLIT_DW of them per thread, are split over a
     thread-block cluster (where the target has clusters) until each block's share does; see
@@ -725,7 +791,7 @@ def bwd_layout(opts: Options, tgt: targets.Target, work: RowWork) -> Layout:
     if unsplit and crowded(unsplit):
         lay = _crowded_threads(opts, tgt, work, lay, unsplit.tpr)
     for rule in (_even_bwd, _even_halves, _pow2_warps, _rows_cap):  # each takes the layouts of its own rows
-        lay = rule(opts, tgt, work, lay)
+        lay = _step(fired if fired is not None else [], rule.__name__.lstrip("_"), lay, rule(opts, tgt, work, lay))
     return lay
 
 
@@ -962,7 +1028,13 @@ def _bwd_block_layout(n: int, vec: int, tgt: targets.Target, work: RowWork, opts
     budget = tgt.reg_budget_bytes(tpr * rows, overhead_regs=BWD_OVERHEAD_REGS)
     dw_regs = k * vec * dw_bytes <= budget
     lo, hi, rolled_k = AMD_UNROLL_K[weight].get(vec, (0, 0, 0)) if vec == 8 or one_held == 4 else (0, 0, 0)
-    if tgt.hoists_weight and not forced and not dw_regs and rows == 1 and lo <= k < hi:
+    if tgt.hoists_weight and not forced and not dw_regs and rows == 1 \
+            and vec * max(DTYPES[t] for t in row_types(work, opts)) > MAX_VECTOR_BYTES:
+        # Wider chunks: the loops stay rolled from AMD_WIDE_ROLLED_K chunks a thread (the threads
+        # rounded down to whole warps, so that k does not fall back under it).
+        tpr = max(warp, nchunk // AMD_WIDE_ROLLED_K // warp * warp)
+        k = -(-nchunk // tpr)
+    elif tgt.hoists_weight and not forced and not dw_regs and rows == 1 and lo <= k < hi:
         # LLVM (AMDGPU) fully unrolls the chunk loops of such rows, then hoists every w load out
         # of the persistent row loop and schedules pass 2's loads early (with a weight: 192-680
         # bytes of scratch, f32 at N=32768-65536, 16-bit at 49152), or, with no dw work between
@@ -999,7 +1071,7 @@ def _cache_row(opts: Options, lay: Layout, tgt: targets.Target, work: RowWork, p
             return replace(lay, cache_row=False, prefetch_w=False)
         if opts.cache_row == 1 and not lay.cache_row:
             raise ValueError(f"cache_row=1: a row of N={opts.n} ({lay.k} chunks per thread) does not fit the "
-                             f"registers of {opts.target}; use -1 or 0")
+                             f"registers of {opts.target}; use None or 0")
         return lay
     if opts.cache_row != -1:
         return replace(lay, cache_row=bool(opts.cache_row))
@@ -1030,7 +1102,7 @@ def _staged(opts: Options, lay: Layout, tgt: targets.Target, work: RowWork, pers
     _check(opts.stage, "stage", "choose 1 (on), 0 (off) or -1 (the policy's)")
     if not persistent:
         if opts.stage == 1:
-            raise ValueError(f"stage=1: {opts.kernel} (a block per row group) has no staged layout; use -1 or 0")
+            raise ValueError(f"stage=1: {opts.kernel} (a block per row group) has no staged layout; use None or 0")
         return lay
     eb = DTYPES[opts.dtype]
     buffers = 2 * len(reads(work, opts))

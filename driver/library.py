@@ -1,14 +1,15 @@
-"""Options -> binary: from the caches when present, else compiled (and stored). No MLIR import
+"""Build -> binary: from the caches when present, else compiled (and stored). No MLIR import
 unless a compile is needed; runtime-only machines never reach the compiler."""
 
 from __future__ import annotations
 
 import warnings
 from dataclasses import dataclass
+from pathlib import Path
 
 from . import cache, compiler, env, targets
 from .kernels import KERNELS
-from .options import Options
+from .options import Build
 from .specialize import specialize_source
 
 
@@ -18,55 +19,56 @@ class KernelNotAvailable(RuntimeError):
 
 @dataclass(frozen=True)
 class Binary:
-    options: Options
+    build: Build
     entry: str
     fmt: str
     data: bytes
     key: str
 
 
-def key_for(opts: Options, fmt: str, text: str | None = None) -> str:
-    text = specialize_source(opts).text if text is None else text
-    pipeline = compiler.pipeline_text(opts.target, fmt, opts.layout.unroll_limit)
-    return cache.cache_key(opts.key_string(), pipeline, text)
+def key_for(b: Build, fmt: str, text: str | None = None) -> str:
+    text = specialize_source(b).text if text is None else text
+    pipeline = compiler.pipeline_text(b.problem.target, fmt, b.layout.unroll_limit)
+    return cache.cache_key(b.key_string(), pipeline, text)
 
 
 def _have_compiler() -> bool:
     return compiler.toolchain_version() != "none"
 
 
-def get_binary(opts: Options, *, compile_missing: bool | None = None) -> Binary:
-    """The binary for opts: own toolchain's cache entry, else (no compiler here) any toolchain's,
-    else a fresh compile stored in the writable cache."""
-    tgt = targets.get(opts.target)
-    spec = KERNELS[opts.kernel]
-    source = specialize_source(opts)
+def get_binary(b: Build, *, compile_missing: bool | None = None, root: Path | None = None) -> Binary:
+    """The binary for a build: own toolchain's cache entry, else (no compiler here) any toolchain's,
+    else a fresh compile stored in the writable cache. root: that cache folder alone, read and
+    written (`normir aot`'s), in place of NORMIR_AOT_DIRS and NORMIR_CACHE_DIR."""
+    tgt = targets.get(b.problem.target)
+    spec = KERNELS[b.problem.kernel]
+    source = specialize_source(b)
     text = source.text
     have = _have_compiler()
     toolchain = compiler.toolchain_version() if have else None
     for fmt in tgt.binary_formats:
-        key = key_for(opts, fmt, text)
-        entry = cache.lookup(key, toolchain)
+        key = key_for(b, fmt, text)
+        entry = cache.lookup(key, toolchain, roots=[root] if root is not None else None)
         if entry is not None:
-            return Binary(opts, spec.entry, fmt, entry.data, key)
+            return Binary(b, spec.entry, fmt, entry.data, key)
     if compile_missing is None:
         compile_missing = env.NO_COMPILE.get() != "1"
     if not (have and compile_missing):
         why = "NORMIR_NO_COMPILE=1" if have else "the MLIR bindings are not installed (pip install flydsl==0.5.0)"
         raise KernelNotAvailable(
-            f"no compiled kernel for {opts} in {[str(r) for r in cache.read_roots()]} and {why}; "
+            f"no compiled kernel for {b.describe()} in {[str(r) for r in cache.read_roots()]} and {why}; "
             f"build it ahead with `normir aot` and point NORMIR_AOT_DIRS at the folder"
         )
     fmt = tgt.default_format()
-    key = key_for(opts, fmt, text)
-    art = compiler.compile_text(source, opts.target, fmt, unroll_limit=opts.layout.unroll_limit,
-                                label=f"{opts.kernel}-{opts.target}-{key[:10]}", what=opts.describe())
-    meta = {"options": opts.key_string(), "fmt": fmt, "entry": spec.entry, "target": opts.target}
+    key = key_for(b, fmt, text)
+    art = compiler.compile_text(source, b.problem.target, fmt, unroll_limit=b.layout.unroll_limit,
+                                label=f"{b.problem.kernel}-{b.problem.target}-{key[:10]}", what=b.describe())
+    meta = {"options": b.key_string(), "fmt": fmt, "entry": spec.entry, "target": b.problem.target}
     try:
-        cache.store(key, compiler.toolchain_version(), art.data, meta)
+        cache.store(key, compiler.toolchain_version(), art.data, meta, root=root)
     except OSError as e:
         _warn_unwritable(cache.write_root(), e)
-    return Binary(opts, spec.entry, fmt, art.data, key)
+    return Binary(b, spec.entry, fmt, art.data, key)
 
 
 _warned: set[str] = set()

@@ -1,12 +1,19 @@
-"""The problem and its tuning overrides: one frozen dataclass that validates itself and carries the
-layout the policy (layout.decide) gives it. Pure Python: no MLIR, no torch."""
+"""What one kernel binary is: the problem (what the caller asked for), the overrides (the layout's
+tuning knobs a caller forced; None is the policy's choice) and the layout decided for both.
+
+Problem and Overrides are frozen dataclasses that validate themselves and are cheap to build and
+hash; neither runs the policy. layout.decide turns them into a Layout and the list of rules that
+fired; build() does all three and returns the Build that specialize, the compiler and the caches
+take. KNOBS is the one table of the knobs: Overrides' fields, the NORMIR_TPR parser (launch.py),
+`normir compile`'s flags and `normir env`'s help are made from it. Pure Python: no MLIR, no torch.
+"""
 
 from __future__ import annotations
 
 import hashlib
 import math
 import struct
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field, fields, make_dataclass
 
 from . import targets
 from .kernels import KERNELS
@@ -18,7 +25,6 @@ from .layout import (
     HINT_L1_KEEP,
     HINT_LAST_READ,
     HINT_STORES,
-    MAX_CLUSTER,
     MAX_MIN_BLOCKS,
     MAX_THREADS,
     Layout,
@@ -37,9 +43,13 @@ def f32(x: float) -> float:
     return struct.unpack("f", struct.pack("f", x))[0]
 
 
+# ---------------------------------------------------------------------------- the problem
+
+
 @dataclass(frozen=True)
-class Options:
-    """Everything fixed at compile time for one kernel binary. Validates itself."""
+class Problem:
+    """What the caller asked for: the kernel, N, the tensors' types, eps and the op's features.
+    Validates itself; a feature equal to its default is spelled "" (one kernel, one key)."""
 
     kernel: str
     n: int
@@ -61,29 +71,11 @@ class Options:
     store_residual: bool = False  # forward: write residual_out
     has_dres_out: bool = False  # backward: read d_residual_out and add it to dx
     weight_offset: float = 0.0  # the weight is used as w + weight_offset
-    tpr: int = 0  # threads per row; 0: the kernel's layout policy decides (tuning knob)
-    cluster: int = 0  # blocks per row (a thread-block cluster); 0: the layout policy decides
-    l2_prefetch: int = -1  # 1/0: prefetch the next row into L2 or not; -1: the layout policy decides
-    stage: int = -1  # persistent kernels, 1/0: stage the rows read through shared memory or not; -1: the policy's
-    min_blocks: int = 0  # NVVM: blocks per multiprocessor the registers must allow; 0: the policy's
-    max_regs: int = 0  # NVVM: registers a thread may take at most (PTX .maxnreg); 0: ptxas's choice
-    hints: int = -1  # cache hints, a sum of the layout.HINT_* bits (0: none); -1: the policy's
-    overlap: int = -1  # pass 2's chunks loaded early: a backward's inside the exchange, a held forward's w and b
-    # before the reductions (0: none); -1: policy
-    cache_row: int = -1  # 1/0: the rows read held in registers between the passes, or read again; -1: policy
-    batch_reload: int = -1  # rows read twice, 1/0: pass 2 loads all its chunks before computing or not; -1: policy
-    db_smem: int = -1  # backward with a bias: db's column sums in shared memory (1; 2 in conflict-free quarters; 3 dw's
-    # too, in quarters) or registers (0); -1: the policy's
-    two_pass: int = -1  # 1/0: LayerNorm's held rows: the variance from a second pass and a second sum, or Chan; -1: policy
-    cast_words: int = -1  # 1/0: pass 2's bf16 casts by 32-bit words (forward: x_hat * w + b one fma) or not; -1: policy
-    stage_dres: int = -1  # 1/0: a backward's d_residual_out copied into shared memory in pass 1 or loaded in pass 2;
-    # -1: the policy's
-    layout: Layout = field(init=False, compare=False, repr=False)
 
     def __post_init__(self) -> None:
         if self.kernel not in KERNELS:
             raise ValueError(f"kernel {self.kernel!r} is unknown; choose one of {sorted(KERNELS)}")
-        tgt = targets.get(self.target)
+        targets.get(self.target)
         if isinstance(self.n, bool) or not isinstance(self.n, int) or not 1 <= self.n <= MAX_N:
             raise ValueError(f"n={self.n!r} is out of range: normir supports 1 <= N <= {MAX_N}")
         for name in ("dtype", "wdtype"):
@@ -104,55 +96,6 @@ class Options:
         if vec & (vec - 1) or vec > widest:
             raise ValueError(f"vec={self.vec} must be a power of two dividing N, at most {widest}")
         object.__setattr__(self, "vec", vec)
-        if self.tpr and not (0 < self.tpr <= MAX_THREADS and (self.tpr % tgt.warp == 0 or (
-                self.tpr < tgt.warp and self.tpr & (self.tpr - 1) == 0))):
-            raise ValueError(f"tpr={self.tpr} must be a power of two below the warp ({tgt.warp}) or a "
-                             f"multiple of it, at most {MAX_THREADS}")
-        if self.cluster > 1 and not tgt.clusters:
-            raise ValueError(f"cluster={self.cluster}: {self.target} has no thread-block clusters; use cluster=1")
-        top = max(MAX_CLUSTER, tgt.max_cluster)
-        if self.cluster and not (self.cluster & (self.cluster - 1) == 0 and self.cluster <= top):
-            raise ValueError(f"cluster={self.cluster} must be a power of two, at most {top} on {self.target} "
-                             f"({MAX_CLUSTER} portable; past it the driver is asked for a non-portable size)")
-        if self.cluster > 1 and self.n % (self.cluster * vec):
-            raise ValueError(f"cluster={self.cluster} must split N={self.n} into whole vectors of {vec}")
-        _check_int("l2_prefetch", self.l2_prefetch, -1, 1, "choose 1 (on), 0 (off) or -1 (the policy's)")
-        if self.l2_prefetch == 1 and tgt.prefetch_piece is None:
-            raise ValueError(f"l2_prefetch=1: {self.target} has no L2 prefetch instruction; use -1 or 0")
-        _check_int("stage", self.stage, -1, 1, "choose 1 (on), 0 (off) or -1 (the policy's)")
-        _check_int("min_blocks", self.min_blocks, 0, MAX_MIN_BLOCKS,
-                   f"must be an int from 0 (the policy's) to {MAX_MIN_BLOCKS}")
-        _check_int("hints", self.hints, -1, HINT_BITS,
-                   f"choose -1 (the policy's), 0 (none), or a sum of {HINT_LAST_READ} (last reads evict first), "
-                   f"{HINT_STORES} (stores evict first), {HINT_KEEP} (reads repeated later evict last), "
-                   f"{HINT_L1_KEEP} (loads ask L1 to keep their lines) and {HINT_L1_FIRST} (last reads ask L1 "
-                   "to evict them first)")
-        if self.hints > 0 and self.hints & ~HINT_BITS:
-            raise ValueError(f"hints={self.hints}: bits {self.hints & ~HINT_BITS} are not hints; choose a sum of "
-                             f"{HINT_LAST_READ}, {HINT_STORES}, {HINT_KEEP}, {HINT_L1_KEEP} and {HINT_L1_FIRST}")
-        _check_int("cache_row", self.cache_row, -1, 1,
-                   "choose 1 (the row held in registers), 0 (read again) or -1 (the policy's)")
-        _check_int("batch_reload", self.batch_reload, -1, 1,
-                   "choose 1 (pass 2 loads every chunk first), 0 (chunk by chunk) or -1 (the policy's)")
-        _check_int("db_smem", self.db_smem, -1, 3,
-                   "choose 1 (db's column sums in shared memory), 2 (in conflict-free quarters), 3 (dw's too), "
-                   "0 (in registers) or -1 (the policy's)")
-        _check_int("two_pass", self.two_pass, -1, 1,
-                   "choose 1 (the variance by a second pass over the held row), 0 (Chan's merges) or -1 (the policy's)")
-        _check_int("cast_words", self.cast_words, -1, 1,
-                   "choose 1 (pass 2's bf16 casts by 32-bit words), 0 (element by element) or -1 (the policy's)")
-        _check_int("stage_dres", self.stage_dres, -1, 1,
-                   "choose 1 (d_residual_out copied into shared memory in pass 1), 0 (loaded in pass 2) or -1 "
-                   "(the policy's)")
-        _check_int("max_regs", self.max_regs, 0, tgt.max_regs,
-                   f"must be an int from {MIN_MAX_REGS} to {tgt.max_regs} (registers a thread), or 0 (ptxas's choice)")
-        if 0 < self.max_regs < MIN_MAX_REGS:
-            raise ValueError(f"max_regs={self.max_regs}: must be at least {MIN_MAX_REGS} (registers a thread), or 0")
-        if self.max_regs and not tgt.max_regs_attr:
-            raise ValueError(f"max_regs={self.max_regs}: {self.target} has no register cap attribute; use 0")
-        if self.min_blocks and not tgt.min_blocks_attr:
-            raise ValueError(f"min_blocks={self.min_blocks}: {self.target} has no blocks-per-multiprocessor bound; use 0")
-        object.__setattr__(self, "layout", decide(self, tgt, spec))
 
     def _features(self) -> None:
         """Check that the kernel takes the fused ops' fields given, and put them in one canonical
@@ -197,21 +140,158 @@ class Options:
 
     def key_string(self) -> str:
         """Stable text of the fields (Python's hash() is salted per process)."""
-        return ";".join(f"{f.name}={getattr(self, f.name)!r}" for f in fields(self) if f.compare)
+        return ";".join(f"{f.name}={getattr(self, f.name)!r}" for f in fields(self))
 
     def describe(self) -> str:
         """The kernel, N, target and every field that differs from its default: for messages."""
-        defaults = {f.name: f.default for f in fields(self) if f.init}
         parts = [f"{self.kernel} n={self.n} {self.target}"]
-        parts += [f"{name}={getattr(self, name)!r}" for name, d in defaults.items()
-                  if name not in ("kernel", "n", "target", "vec", "eps") and getattr(self, name) != d]
+        parts += [f"{f.name}={getattr(self, f.name)!r}" for f in fields(self)
+                  if f.name not in ("kernel", "n", "target", "vec", "eps") and getattr(self, f.name) != f.default]
         return " ".join(parts)
+
+
+# ---------------------------------------------------------------------------- the knobs
+
+
+@dataclass(frozen=True)
+class Knob:
+    """A layout knob a caller may force (None: the policy's choice): its values (a tuple, or the
+    range lo..hi), what they do, its NORMIR_TPR letter ("" for tpr, the item's leading number) and
+    the kernel placeholders it moves (which `normir compile --set` then refuses)."""
+
+    name: str
+    help: str
+    tpr: str
+    values: tuple[int, ...] = ()
+    lo: int = 0
+    hi: int = 0  # (with bits: the bits a value may sum)
+    placeholders: tuple[str, ...] = ()
+    bits: bool = False
+
+    def check(self, value: object) -> None:
+        ok = self.values if self.values else range(self.lo, self.hi + 1)
+        if isinstance(value, bool) or not isinstance(value, int) or value not in ok:
+            choices = f"one of {', '.join(map(str, self.values))}" if self.values else f"an int from {self.lo} to {self.hi}"
+            raise ValueError(f"{self.name}={value!r}: choose {choices} ({self.help}), or None (the policy's)")
+        if self.bits and value & ~self.hi:
+            raise ValueError(f"{self.name}={value}: bits {value & ~self.hi} are not {self.name}; {self.help}")
+
+
+ONOFF = (0, 1)
+HINT_HELP = (f"cache hints, a sum of {HINT_LAST_READ} (last reads evict first from L2), {HINT_STORES} (stores evict "
+             f"first), {HINT_KEEP} (reads repeated later evict last), {HINT_L1_KEEP} (loads ask L1 to keep their "
+             f"lines), {HINT_L1_FIRST} (last reads ask L1 to evict them first); 0 none")
+# In NORMIR_TPR's order: TPR[xCLUSTER][pN][sN][mN][hN][vVEC][oN][rN][bN][dN][nN][wN][tN][gN] (v, a narrower
+# vector than the tensors allow, is the problem's vec, not a knob; launch.tpr_overrides reads it).
+KNOBS = (
+    Knob("tpr", "threads per row", "", lo=1, hi=MAX_THREADS, placeholders=("TPR",)),
+    Knob("cluster", "blocks per row, a thread-block cluster (sm_90+; past 8 a non-portable size)", "x",
+         (1, 2, 4, 8, 16), placeholders=("CLUSTER", "CLUSTER_PIECE")),
+    Knob("l2_prefetch", "the backward's L2 prefetch of the next row: 1 on, 0 off", "p", ONOFF,
+         placeholders=("L2_PREFETCH", "PREFETCH_PIECE")),
+    Knob("stage", "persistent kernels: the rows read staged through shared memory (1) or not (0)", "s", ONOFF,
+         placeholders=("STAGE", "STAGE_PIECE", "STAGE_BLOCK_BYTES")),
+    Knob("min_blocks", "NVVM: blocks per multiprocessor the registers must allow (.minnctapersm)", "m", lo=1,
+         hi=MAX_MIN_BLOCKS, placeholders=("KERNEL_ATTRS",)),
+    Knob("hints", HINT_HELP, "h", lo=0, hi=HINT_BITS, bits=True),
+    Knob("overlap", "pass 2's first chunks loaded early: a backward's inside the cluster exchange, a held forward's "
+         "w and b before the reductions (0: none)", "o", lo=0, hi=MAX_THREADS, placeholders=("OVERLAP", "OVERLAP_K",
+                                                                                   "OVERLAP_DRES")),
+    Knob("cache_row", "the rows read held in registers between the passes (1) or read again (0)", "r", ONOFF,
+         placeholders=("CACHE_ROW",)),
+    Knob("batch_reload", "forward rows read twice: pass 2 loads all its chunks before computing (1) or chunk by "
+         "chunk (0)", "b", ONOFF, placeholders=("BATCH_RELOAD",)),
+    Knob("db_smem", "backward with a bias: db's column sums in shared memory (1), in conflict-free 16-byte quarters "
+         "(2), dw's too in quarters (3), or in registers (0)", "d", (0, 1, 2, 3),
+         placeholders=("SLOT_Q", "SLOT_H", "SLOT_BUF", "SLOT_LOAD", "SLOT_STORE", "SLOTS_DYN_PIECE", "SLOT_BASES",
+                       *(f"{t}_{k}" for t in ("DB", "DW")
+                         for k in ("GET", "PUT", "PUT_TO", "IN_WORKGROUP", "IN_PRIVATE", "SLOTS_PIECE")))),
+    Knob("max_regs", "NVVM: registers a thread may take at most (PTX .maxnreg)", "n", lo=MIN_MAX_REGS, hi=255,
+         placeholders=("KERNEL_ATTRS",)),
+    Knob("cast_words", "pass 2's bf16 casts by 32-bit words, the forward's x_hat * w + b one fma (1), or element by "
+         "element (0)", "w", ONOFF),
+    Knob("two_pass", "LayerNorm's held forward: the variance from a second pass over the held row (1), or Chan's "
+         "merges (0)", "t", ONOFF, placeholders=("TWO_PASS",)),
+    Knob("stage_dres", "a backward's d_residual_out copied into shared memory in pass 1 (1), or loaded in pass 2 (0)",
+         "g", ONOFF, placeholders=("STAGE_DRES", "DRES_AT")),
+)
+KNOB = {k.name: k for k in KNOBS}
+
+
+def _check_overrides(self) -> None:
+    for knob in KNOBS:
+        value = getattr(self, knob.name)
+        if value is not None:
+            knob.check(value)
+
+
+Overrides = make_dataclass(
+    "Overrides", [(k.name, "int | None", field(default=None)) for k in KNOBS], frozen=True,
+    namespace={"__post_init__": _check_overrides, "__module__": __name__,
+               "__doc__": "The layout knobs a caller forced (KNOBS: each one's values and meaning); None is the "
+                          "policy's choice. Checked against the target and the kernel by layout.decide."})
+
+
+def forced(overrides) -> dict[str, int]:
+    """The knobs overrides sets, by name."""
+    return {k.name: getattr(overrides, k.name) for k in KNOBS if getattr(overrides, k.name) is not None}
+
+
+# ---------------------------------------------------------------------------- a kernel binary
+
+
+@dataclass(frozen=True)
+class Build:
+    """One kernel binary: the problem, the knobs forced and the layout decided, with the names of
+    the policy's rules that fired (`normir explain`). It reads as its problem and its overrides
+    too: b.n is b.problem.n, b.tpr is b.overrides.tpr (None: the policy's)."""
+
+    problem: Problem
+    overrides: Overrides
+    layout: Layout = field(compare=False)
+    rules: tuple[str, ...] = field(compare=False, default=())
+
+    def __getattr__(self, name: str):
+        if name in PROBLEM_FIELDS or name == "held_dtype":
+            return getattr(self.problem, name)
+        if name in KNOB:
+            return getattr(self.overrides, name)
+        raise AttributeError(f"'Build' object has no attribute {name!r}")
+
+    def key_string(self) -> str:
+        """The problem's fields and every Layout field: part of the cache key (a knob forced to the
+        policy's own value makes the same binary)."""
+        lay = ";".join(f"{f.name}={getattr(self.layout, f.name)!r}" for f in fields(self.layout))
+        return f"{self.problem.key_string()}|{lay}"
 
     def digest(self) -> str:
         return hashlib.sha256(self.key_string().encode()).hexdigest()
 
+    def describe(self) -> str:
+        knobs = " ".join(f"{k}={v}" for k, v in forced(self.overrides).items())
+        return self.problem.describe() + (f" {knobs}" if knobs else "")
 
-def _check_int(name: str, value: object, lo: int, hi: int, what: str) -> None:
-    """A knob that must be an int (not a bool) in [lo, hi]; else an error naming it and the choices."""
-    if isinstance(value, bool) or not isinstance(value, int) or not lo <= value <= hi:
-        raise ValueError(f"{name}={value!r}: {what}")
+
+PROBLEM_FIELDS = tuple(f.name for f in fields(Problem))
+
+
+def split(fields_: dict) -> tuple[Problem, Overrides]:
+    """A flat dict of Problem and Overrides fields (an AOT plan's entry, the command line's) as
+    the two; an unknown name is an error naming the fields."""
+    unknown = sorted(set(fields_) - set(PROBLEM_FIELDS) - set(KNOB))
+    if unknown:
+        raise ValueError(f"unknown field(s) {unknown}: a problem takes {list(PROBLEM_FIELDS)}, the knobs are "
+                         f"{list(KNOB)}")
+    return (Problem(**{k: v for k, v in fields_.items() if k in PROBLEM_FIELDS}),
+            Overrides(**{k: v for k, v in fields_.items() if k in KNOB}))
+
+
+def build(problem: Problem | None = None, overrides: Overrides | None = None, **fields_) -> Build:
+    """The Build of a problem and its overrides (or of the flat fields of both): the layout decided."""
+    if problem is None:
+        problem, overrides = split(fields_)
+    elif fields_:
+        raise TypeError("give a Problem (and Overrides) or the fields, not both")
+    overrides = overrides if overrides is not None else Overrides()
+    layout, rules = decide(problem, overrides, targets.get(problem.target), KERNELS[problem.kernel])
+    return Build(problem, overrides, layout, rules)

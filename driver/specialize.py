@@ -21,7 +21,7 @@ from .layout import (
     Layout,
     types,
 )
-from .options import Options, f32
+from .options import KNOBS, Build, f32
 from .template import Resolver, Source, render_file
 
 
@@ -39,16 +39,16 @@ def _cast(src: str, dst: str) -> str:
     return "arith.extf" if DTYPES[dst] > DTYPES[src] else "arith.truncf"
 
 
-def signature_values(opts: Options) -> dict[str, str]:
+def signature_values(b: Build) -> dict[str, str]:
     """ARGS: the kernel's arguments in launch order (kernels.KernelSpec.args); ABSENT: the
     template's tensors this kernel does not pass, bound to ub.poison (flag-guarded code alone uses
     them, and it folds away)."""
-    spec = KERNELS[opts.kernel]
-    tys = types(opts)
+    spec = KERNELS[b.problem.kernel]
+    tys = types(b.problem)
     sep = ",\n" + " " * 6
-    absent = "".join(f"    %{a.name}_arg = ub.poison : {a.memref(opts.n, tys)}\n" if a.pointer else
+    absent = "".join(f"    %{a.name}_arg = ub.poison : {a.memref(b.problem.n, tys)}\n" if a.pointer else
                      f"    %{a.name} = arith.constant 0 : index\n" for a in spec.absent())
-    return {"ENTRY": spec.entry, "ARGS": sep.join(a.decl(opts.n, tys) for a in spec.args),
+    return {"ENTRY": spec.entry, "ARGS": sep.join(a.decl(b.problem.n, tys) for a in spec.args),
             "ABSENT": absent.rstrip("\n")}
 
 
@@ -62,13 +62,13 @@ def _late_ext(t: str, placeholder: str, forward: bool, words: bool) -> str:
     return "common/late_ext_bf16_words.mlir" if words else "common/late_ext_bf16.mlir"
 
 
-def type_values(opts: Options) -> dict[str, str]:
+def type_values(b: Build) -> dict[str, str]:
     """Each type placeholder's element type (kernels.py names them), and for each the casts to
     and from f32, the late cast piece, and the chunk's alignment and element bytes."""
-    tys = types(opts)
-    lay = opts.layout
+    tys = types(b.problem)
+    lay = b.layout
     out: dict[str, str] = {}
-    forward = KERNELS[opts.kernel].grid == "rows"
+    forward = KERNELS[b.problem.kernel].grid == "rows"
     for p in ("T", "RT", "HT", "YT", "XT", "WT", "BT", "GT"):
         t = tys[p]
         out[p] = t
@@ -86,32 +86,32 @@ def type_values(opts: Options) -> dict[str, str]:
     return out
 
 
-def flag_values(opts: Options) -> dict[str, str]:
+def flag_values(b: Build) -> dict[str, str]:
     """The fused ops' flags (each an i1 constant in the skeletons) and the weight offset."""
     return {
-        "HAS_RESIDUAL": _bool(bool(opts.rdtype) and KERNELS[opts.kernel].grid == "rows"),
-        "STORE_RESIDUAL": _bool(opts.store_residual),
-        "HAS_BIAS": _bool(bool(opts.bdtype)),
-        "HAS_OFFSET": _bool(opts.weight_offset != 0.0),
-        "WEIGHT_OFFSET": mlir_f32(opts.weight_offset),
-        "HAS_DRES_OUT": _bool(opts.has_dres_out),
-        "STORE_DRES": _bool(bool(opts.rdtype) and KERNELS[opts.kernel].grid != "rows"),
+        "HAS_RESIDUAL": _bool(bool(b.problem.rdtype) and KERNELS[b.problem.kernel].grid == "rows"),
+        "STORE_RESIDUAL": _bool(b.problem.store_residual),
+        "HAS_BIAS": _bool(bool(b.problem.bdtype)),
+        "HAS_OFFSET": _bool(b.problem.weight_offset != 0.0),
+        "WEIGHT_OFFSET": mlir_f32(b.problem.weight_offset),
+        "HAS_DRES_OUT": _bool(b.problem.has_dres_out),
+        "STORE_DRES": _bool(bool(b.problem.rdtype) and KERNELS[b.problem.kernel].grid != "rows"),
     }
 
 
-def stats_values(opts: Options) -> dict[str, str]:
+def stats_values(b: Build) -> dict[str, str]:
     """The op's math (kernels.Stats): its piece, each direction's merge and accumulator, its mean."""
-    stats = KERNELS[opts.kernel].stats
+    stats = KERNELS[b.problem.kernel].stats
     if stats is None:
         return {}
-    v = opts.layout.vec
+    v = b.layout.vec
 
     def lanes(acc: str) -> int:
         return int(acc[:-1] or 1) * v if acc.endswith("V") else int(acc)
 
-    lay = opts.layout
+    lay = b.layout
     # The backward adds its sums; so does a forward's two-pass variance (layout._two_pass).
-    combine = stats.fwd_combine if KERNELS[opts.kernel].grid == "rows" and not lay.two_pass else COMBINE_SUM
+    combine = stats.fwd_combine if KERNELS[b.problem.kernel].grid == "rows" and not lay.two_pass else COMBINE_SUM
     return {"STATS_PIECE": stats.piece, "HAS_MEAN": _bool(stats.has_mean), "COMBINE_PIECE": combine,
             # The butterfly's first shuffled value: Chan's merge of equal counts reads no partner count.
             # A two-pass variance's sums sit in the last value alone (stats_layer.mlir).
@@ -126,12 +126,12 @@ def _pow2_at_least(n: int) -> int:
     return 1 << max(0, n - 1).bit_length()
 
 
-def common_values(opts: Options) -> dict[str, str]:
+def common_values(b: Build) -> dict[str, str]:
     """Placeholders every kernel may use: types, constants, layout, target spellings."""
-    tgt = targets.get(opts.target)
-    lay = opts.layout
-    eb, wb = DTYPES[opts.dtype], DTYPES[opts.wdtype]
-    work = KERNELS[opts.kernel].work
+    tgt = targets.get(b.problem.target)
+    lay = b.layout
+    eb, wb = DTYPES[b.problem.dtype], DTYPES[b.problem.wdtype]
+    work = KERNELS[b.problem.kernel].work
     nr = work.sums if work is not None else 1
     return {
         "NR": str(nr),  # fp32 sums per row through the reductions and the cluster exchange
@@ -143,7 +143,7 @@ def common_values(opts: Options) -> dict[str, str]:
         "CLUSTER_PIECE": tgt.cluster_piece if lay.cluster > 1 else "common/cluster_sum_none.mlir",
         "CLUSTER": str(lay.cluster),
         # The prefetch: of the next row (L2_PREFETCH), and of d_residual_out ahead of pass 2.
-        "PREFETCH_PIECE": (tgt.prefetch_piece if lay.l2_prefetch or opts.has_dres_out else None)
+        "PREFETCH_PIECE": (tgt.prefetch_piece if lay.l2_prefetch or b.problem.has_dres_out else None)
         or "common/prefetch_none.mlir",
         "L2_PREFETCH": _bool(lay.l2_prefetch),
         "STAGE": _bool(lay.stage),
@@ -172,11 +172,11 @@ def common_values(opts: Options) -> dict[str, str]:
         "ATOMIC_SCOPE": tgt.atomic_scope,
         "ATOMIC_ATTRS": tgt.atomic_attrs,
         "WARP": str(tgt.warp),
-        "N": str(opts.n),
-        "T": opts.dtype,
-        "WT": opts.wdtype,
-        "EPS": mlir_f32(opts.eps),
-        "INV_N": mlir_f32(1.0 / opts.n),
+        "N": str(b.problem.n),
+        "T": b.problem.dtype,
+        "WT": b.problem.wdtype,
+        "EPS": mlir_f32(b.problem.eps),
+        "INV_N": mlir_f32(1.0 / b.problem.n),
         "INV_V": mlir_f32(1.0 / lay.vec),
         "V": str(lay.vec),
         "ALIGN": str(lay.vec * eb),
@@ -189,7 +189,7 @@ def common_values(opts: Options) -> dict[str, str]:
         # d_residual_out's OVERLAP chunks loaded with them, before the exchange's wait, where the column
         # sums sit in shared memory (registers free for them): the fused add's LayerNorm backward at
         # 40960-65536 +2.7-3.4%; RMSNorm's, its sums in registers at 128 a thread, lost 1-2% (*tune-v131*).
-        "OVERLAP_DRES": _bool(lay.overlap > 0 and lay.db_smem > 0 and opts.has_dres_out and not lay.stage_dres),
+        "OVERLAP_DRES": _bool(lay.overlap > 0 and lay.db_smem > 0 and b.problem.has_dres_out and not lay.stage_dres),
         "BLOCK": str(lay.block),
         "ROWS": str(lay.rows),
         "TPR": str(lay.tpr),
@@ -197,7 +197,7 @@ def common_values(opts: Options) -> dict[str, str]:
         "MULTI_WARP": _bool(lay.tpr > lay.warp),
         # row_sum's trailing barrier guards %red for the block's next row: a grid of one row group
         # per block has none (*tune-v64*: +1% at 7168, +0.2-0.6% at 2048-8192 for the forward).
-        "RED_REUSED": _bool(KERNELS[opts.kernel].grid != "rows"),
+        "RED_REUSED": _bool(KERNELS[b.problem.kernel].grid != "rows"),
         "SHUFFLE_STEPS": str(int(math.log2(min(lay.tpr, lay.warp)))),
         # The warp totals' butterfly: log2 of the power of two covering them (1 warp: no step).
         "WPR_P2": str(_pow2_at_least(lay.wpr)),
@@ -209,11 +209,11 @@ def common_values(opts: Options) -> dict[str, str]:
         "KFULL": str(lay.kfull),
         "NCHUNK": str(lay.nchunk),
         "CACHE_ROW": _bool(lay.cache_row),
-        "PREFETCH_W": _bool(lay.prefetch_w and opts.has_weight),
-        "HAS_WEIGHT": _bool(opts.has_weight),
-        "STORE_RSTD": _bool(opts.store_rstd),
-        "ATOMIC_DW": _bool(opts.atomic_dw),
-        **type_values(opts),
+        "PREFETCH_W": _bool(lay.prefetch_w and b.problem.has_weight),
+        "HAS_WEIGHT": _bool(b.problem.has_weight),
+        "STORE_RSTD": _bool(b.problem.store_rstd),
+        "ATOMIC_DW": _bool(b.problem.atomic_dw),
+        **type_values(b),
         "COL_THREADS": str(lay.tpr),  # the column sums' layout: column threads, row threads
         "ROW_THREADS": str(lay.rows),
     }
@@ -223,20 +223,12 @@ def common_values(opts: Options) -> dict[str, str]:
 # is checked as a whole (a forced tpr leaving threads without a chunk hung the H200); the value is
 # the flag that forces it through that check ("" where only the layout as a whole moves it).
 LAYOUT_VALUES = {
-    "TPR": "--tpr", "CLUSTER": "--cluster", "CLUSTER_PIECE": "--cluster", "V": "--vec", "ALIGN": "--vec",
-    "W_ALIGN": "--vec", "PART_ALIGN": "--vec", "STAGE": "--stage", "STAGE_PIECE": "--stage",
-    "STAGE_BLOCK_BYTES": "--stage", "STAGE_DRES": "--stage-dres", "DRES_AT": "--stage-dres",
-    "L2_PREFETCH": "--l2-prefetch", "PREFETCH_PIECE": "--l2-prefetch",
-    "CACHE_ROW": "--cache-row", "OVERLAP": "--overlap", "OVERLAP_K": "--overlap", "OVERLAP_DRES": "--overlap",
-    "BATCH_RELOAD": "--batch-reload",
-    "TWO_PASS": "--two-pass",
-    "KERNEL_ATTRS": "--min-blocks", "ROWS": "", "BLOCK": "", "K": "", "KFULL": "", "NCHUNK": "", "NSUB": "",
-    "WPR": "", "MULTI_WARP": "", "SHUFFLE_STEPS": "", "WARP_STEPS": "", "WPR_P2": "", "EQUAL_COUNTS": "",
-    "PAIR_FIRST": "", "DW_REGS": "", "PREFETCH_W": "", "SLOT_Q": "--db-smem", "SLOT_H": "--db-smem",
-    **{k: "--db-smem" for k in ("SLOT_BUF", "SLOT_LOAD", "SLOT_STORE", "SLOTS_DYN_PIECE", "SLOT_BASES")},
-    **{f"{t}_{k}": "--db-smem" for t in ("DB", "DW")
-       for k in ("GET", "PUT", "PUT_TO", "IN_WORKGROUP", "IN_PRIVATE", "SLOTS_PIECE")},
-    "RED_REUSED": "", "COL_THREADS": "", "ROW_THREADS": "", "ARGS": "", "ABSENT": "",
+    **{"V": "--vec", "ALIGN": "--vec", "W_ALIGN": "--vec", "PART_ALIGN": "--vec"},
+    **{name: "" for name in ("ROWS", "BLOCK", "K", "KFULL", "NCHUNK", "NSUB", "WPR", "MULTI_WARP", "SHUFFLE_STEPS",
+                             "WARP_STEPS", "WPR_P2", "EQUAL_COUNTS", "PAIR_FIRST", "DW_REGS", "PREFETCH_W",
+                             "RED_REUSED", "COL_THREADS", "ROW_THREADS", "ARGS", "ABSENT")},
+    # each knob's (options.KNOBS): the first knob to name a placeholder forces it
+    **{name: f"--{knob.name.replace('_', '-')}" for knob in reversed(KNOBS) for name in knob.placeholders},
 }
 # The placeholders each user-given option of `normir compile` fills: an option the text does not use
 # (--eps on a text without ${EPS}) is an error rather than silently ignored.
@@ -286,17 +278,17 @@ def _slot_values(lay: Layout) -> dict[str, str]:
     return out
 
 
-def values_for(opts: Options) -> dict[str, str]:
+def values_for(b: Build) -> dict[str, str]:
     """Every placeholder value the driver computes for a kernel's options."""
-    return {**common_values(opts), **flag_values(opts), **signature_values(opts), **stats_values(opts)}
+    return {**common_values(b), **flag_values(b), **signature_values(b), **stats_values(b)}
 
 
-def specialize_source(opts: Options, resolver: Resolver | None = None) -> Source:
+def specialize_source(b: Build, resolver: Resolver | None = None) -> Source:
     """The kernel text with every placeholder filled and every common piece spliced, with its
     line map (template.Source)."""
-    return render_file(KERNELS[opts.kernel].template.path, values_for(opts), resolver=resolver)
+    return render_file(KERNELS[b.problem.kernel].template.path, values_for(b), resolver=resolver)
 
 
-def specialize(opts: Options) -> str:
+def specialize(b: Build) -> str:
     """The kernel text with every placeholder filled and every common piece spliced."""
-    return specialize_source(opts).text
+    return specialize_source(b).text

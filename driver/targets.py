@@ -162,7 +162,7 @@ _LLD_CANDIDATES = ("/usr/lib/llvm-22/bin/ld.lld", "/usr/lib/llvm-21/bin/ld.lld",
 
 
 def _toolkit_roots() -> list[str]:
-    return [v for v in (env.ROCM_PATH.get(), os.environ.get("ROCM_PATH", ""), "/opt/rocm") if v]
+    return [v for v in (env.ROCM_PATH.get(), env.SYSTEM_ROCM_PATH.get(), "/opt/rocm") if v]
 
 
 def lld_path() -> str | None:

@@ -1,4 +1,4 @@
-"""Write the AOT plan (JSON list of Options fields) for the GPU tier and the benchmark.
+"""Write the AOT plan (a JSON list of Problem and Overrides fields) for the GPU tier and the benchmark.
 
     python scripts/aot_plan.py plan.json && normir aot plan.json --out .aot
 """

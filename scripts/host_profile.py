@@ -3,7 +3,7 @@ timed alone, beside the whole call and torch eager's, on one GPU.
 
 Every row is the wall clock of CALLS back-to-back calls followed by one synchronize, per call
 (the median of ROUNDS rounds), at N = 4096, bf16, for M in MS. The steps are the ones the fast
-path of a repeated call takes (driver/ops/rmsnorm.py): reading the tensors' properties and the
+path of a repeated call takes (driver/ops/_fused.py): reading the tensors' properties and the
 cache key, allocating y, the stream lookup, packing the arguments and the driver's launch.
 The dispatcher rows split a compiled graph's call of torch.ops.normir.* into its layers: the
 Python autograd kernel (skipped below autograd) and the op's implementation; the compiled rows
@@ -46,6 +46,7 @@ def _compiled(name: str, fn: Callable) -> Callable:
 def steps(m: int) -> dict[str, Callable[[], object]]:
     """name -> a call timing one step (or the whole call) on an m x N problem."""
     import normir
+    from normir.ops import _fused as F
     from normir.ops import _rows as R
     from normir.ops import rmsnorm as RMS
 
@@ -54,12 +55,14 @@ def steps(m: int) -> dict[str, Callable[[], object]]:
     dy = torch.randn_like(x)
     xg, wg = x.detach().requires_grad_(True), w.detach().requires_grad_(True)
     normir.rmsnorm_fwd(x, w, EPS)  # loads the kernel and fills the fast path's cache
-    key = RMS._fwd_key(x, w, EPS, False)
-    h, rows, cluster = RMS._FWD_SEEN[key]
+    key = F._fwd_key(RMS.FWD, x, None, w, None, EPS, None, None, 0.0, False, False)
+    plan = F._FWD_SEEN[key][0]
+    h = plan.handle
     dev = x.get_device()
     y = torch.empty_like(x)
-    args = (x.data_ptr(), w.data_ptr(), y.data_ptr(), 0, m, N, N)
-    grid = -(-m // rows) * cluster
+    values = dict(x=x.data_ptr(), w=w.data_ptr(), y=y.data_ptr(), rstd=0, rows=m, x_stride=N, y_stride=N)
+    args = plan.pick(values)
+    grid = plan.grid(m)
     stream = R.raw_stream(dev)
     h.launch(grid, stream, *args)  # the config's grid and stream, for the raw driver calls below
     vp = ctypes.c_void_p
@@ -111,9 +114,10 @@ def steps(m: int) -> dict[str, Callable[[], object]]:
     return {
         "python call (empty function)": lambda: None,
         "tensor properties and key": props,
-        "dict lookup of the key": lambda: RMS._FWD_SEEN.get(key),
+        "dict lookup of the key": lambda: F._FWD_SEEN.get(key),
         "torch.empty_like(x)": lambda: torch.empty_like(x),
         "stream lookup": lambda: (R.current_device(), R.raw_stream(dev)),
+        "arguments by name (the plan's pick)": lambda: plan.pick(values),
         "argument packing": lambda: h._pack(h._mem, 0, *args, *((grid,) * (1 + h._with_grid))),
         "driver launch (packed)": lambda: h._call(*h._call_args),
         "driver launch, argtypes, GIL held": lambda: ex_typed(*call_addrs),
@@ -126,8 +130,9 @@ def steps(m: int) -> dict[str, Callable[[], object]]:
         "check_eps + check_input + check_weight": lambda: (R.check_eps(EPS), R.check_input(x, "x"),
                                                            R.check_weight(w, x, N)),
         "rows_of + vector_width + plan": lambda: (R.rows_of(x), R.vector_width(N, (x, y, w), (N,)),
-                                                  R.plan("rmsnorm_fwd", dev, N, "bf16", "bf16", EPS, True, False, 8)),
-        "normir._fwd, general path": lambda: (RMS._FWD_SEEN.clear(), RMS._fwd(x, w, EPS, False)),
+                                                  R.plan(dev, kernel="rmsnorm_fwd", n=N, dtype="bf16", wdtype="bf16",
+                                                         eps=EPS, has_weight=True, store_rstd=False, vec=8)),
+        "normir._fwd, general path": lambda: (F._FWD_SEEN.clear(), RMS._fwd(x, w, EPS, False)),
         "torch.ops.normir.rmsnorm_fwd": lambda: torch.ops.normir.rmsnorm_fwd(x, w, EPS, False),
         "dispatcher: .default overload": lambda: op(x, w, EPS, False),
         "dispatcher: below autograd": op_below_autograd,

@@ -3,13 +3,13 @@ residual add's (add_fwd, add_bwd: residual in x's type, d_residual_out given) an
 (ln_fwd, ln_bwd: a weight and a bias, eps 1e-5; add_ln_fwd, add_ln_bwd: its fused add, the
 residual in x's type, d_residual_out given) side by side on one GPU.
 
-    python scripts/tune.py plan        # print the variants' Options (for `normir aot`)
+    python scripts/tune.py plan        # print the variants' problems and knobs (for `normir aot`)
     python scripts/tune.py run         # on the GPU: GB/s per variant, M*N = 2^27, bf16
     PLACEMENTS=3 python scripts/tune.py run   # each variant on 3 tensor placements
     REF_DIR=/tmp/ref python scripts/tune.py run   # also the policy's outputs against the first run's
                                                   # (two builds of the templates: NORMIR_INCLUDE)
 
-Each variant is a NORMIR_TPR setting; 0 is the layout policy's own choice. For the backward the
+Each variant is a NORMIR_TPR setting; "0" is the layout policy's own choice. For the backward the
 policy's layout is also timed without a weight (no dw sums, no reduction kernel; LayerNorm's also
 without a bias: no db sums), which shows what the column sums cost; LayerNorm's forward without a
 weight and a bias, which shows what reading them costs.
@@ -31,7 +31,7 @@ KERNEL = {"fwd": "rmsnorm_fwd", "bwd": "rmsnorm_bwd", "add_fwd": "fused_add_rmsn
           "add_bwd": "fused_add_rmsnorm_bwd", "ln_fwd": "layernorm_fwd", "ln_bwd": "layernorm_bwd",
           "add_ln_fwd": "layernorm_fwd", "add_ln_bwd": "layernorm_bwd"}
 # The fused kernels' feature options (the bf16 residual, d_residual_out; LayerNorm's bias, whose
-# column sums the backward keeps in fp32) for launch.handle.
+# column sums the backward keeps in fp32) as the Problem's fields.
 EXTRA = {"add_fwd": (("rdtype", "bf16"), ("store_residual", True)), "add_bwd": (("has_dres_out", True),),
          "ln_fwd": (("bdtype", "bf16"),), "ln_bwd": (("bdtype", "f32"),),
          "add_ln_bwd": (("bdtype", "f32"), ("has_dres_out", True)),
@@ -52,7 +52,7 @@ def _parse(variant: str) -> dict[str, int]:
 
 def plan() -> list[dict]:
     from normir.layout import DTYPES, max_vec
-    from normir.ops.rmsnorm import BWD_KEY_EPS
+    from normir.ops._rows import BWD_KEY_EPS
 
     sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "tests"))
     from gpu_cases import fused_bwd, fused_fwd
@@ -61,7 +61,7 @@ def plan() -> list[dict]:
     for (op, n, dt), variants in VARIANTS.items():
         for variant in variants:
             knobs = _parse(variant)
-            vec = min(max_vec(n, DTYPES[dt]), knobs.pop("vec") or 64)
+            vec = min(max_vec(n, DTYPES[dt]), knobs.pop("vec", 64))
             if op == "add_fwd":
                 out += [{**fused_fwd(n, dt, dt, store_rstd=s, vec=vec), **knobs} for s in (False, True)]
                 continue
@@ -90,7 +90,7 @@ def _ln_plan(op: str, n: int, dt: str, vec: int, knobs: dict) -> list[dict]:
     without and with mean and rstd stored; or the backward with dw and db (the column sums of both
     in the weight's type) and without either, and the forward that feeds it (the policy's)."""
     from normir.layout import max_vec
-    from normir.ops.rmsnorm import BWD_KEY_EPS
+    from normir.ops._rows import BWD_KEY_EPS
 
     fwd = dict(kernel="layernorm_fwd", n=n, dtype=dt, wdtype=dt, eps=LN_EPS, target="sm_90", vec=vec, bdtype=dt)
     if op == "add_ln_fwd":  # the residual in x's type, residual_out stored, no statistics
@@ -179,6 +179,7 @@ def run() -> None:
 
     import normir
     from normir import launch
+    from normir.options import Problem
 
     count = int(os.environ.get("PLACEMENTS", "1"))
     results = []
@@ -216,8 +217,8 @@ def run() -> None:
                 nbytes = BYTES[op] * m * n * sets[0][0].element_size()
                 eps = LN_EPS if op in ("ln_fwd", "add_ln_fwd") else EPS  # EPS is BWD_KEY_EPS too
                 try:  # a layout the driver refuses (a non-portable cluster) is reported, not fatal
-                    h, lay = launch.handle(KERNEL[op], 0, n, dt, dt, eps, True, False,
-                                           16 // sets[0][0].element_size(), extra=EXTRA.get(op, ()))
+                    h, lay = launch.handle(Problem(kernel=KERNEL[op], n=n, dtype=dt, wdtype=dt, eps=eps,
+                                                   vec=16 // sets[0][0].element_size(), **dict(EXTRA.get(op, ()))), 0)
                     got = _outputs(normir, op, *sets[0])
                 except (RuntimeError, ValueError) as e:
                     diffs[variant] = f"failed: {e}"
@@ -255,14 +256,14 @@ def run() -> None:
 
 
 def _valid(specs: list[dict]) -> list[dict]:
-    """The specializations whose Options are valid (a variant's knobs may not apply to the
+    """The specializations that build (a variant's knobs may not apply to the
     policy's no-weight layout: that timing is skipped at run time)."""
-    from normir.options import Options
+    from normir.options import build
 
     out = []
     for d in specs:
         try:
-            Options(**d)  # decides the layout: a knob that does not apply raises
+            build(**d)  # decides the layout: a knob that does not apply raises
         except ValueError:
             continue
         out.append(d)

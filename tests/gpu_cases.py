@@ -4,7 +4,7 @@ the GPU machine holds exactly the specializations the tests and the benchmark la
 from __future__ import annotations
 
 from normir.layout import DTYPES, max_vec
-from normir.ops.rmsnorm import BWD_KEY_EPS
+from normir.ops._rows import BWD_KEY_EPS
 
 DTYPE_NAMES = ("f32", "f16", "bf16")
 # N: 1 and 100 -> several rows per block with narrow vectors (vec 1 / 4); 1024, 2048 -> rows

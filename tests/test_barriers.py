@@ -17,7 +17,7 @@ import pytest
 
 from normir import compiler
 from normir.kernels import KERNELS
-from normir.options import Options
+from normir.options import Build, build
 from normir.specialize import specialize
 
 pytestmark = pytest.mark.cpu
@@ -45,22 +45,22 @@ SWEEP_FEATURES = {"rmsnorm_fwd": {}, "rmsnorm_bwd": {}, "fused_add_rmsnorm_bwd":
                   "layernorm_bwd+bias": {"bdtype": "f32"}}
 
 
-def sweep_options(case: str, n: int, dtype: str, has_weight: bool, target: str) -> Options:
+def sweep_options(case: str, n: int, dtype: str, has_weight: bool, target: str) -> Build:
     kernel = case.split("+")[0]
     features = dict(SWEEP_FEATURES[case])
     if features.get("store_residual"):
         features["rdtype"] = dtype
     if features.get("bdtype") == "T":
         features["bdtype"] = dtype
-    return Options(kernel=kernel, n=n, dtype=dtype, wdtype=dtype, target=target, has_weight=has_weight,
+    return build(kernel=kernel, n=n, dtype=dtype, wdtype=dtype, target=target, has_weight=has_weight,
                    store_rstd=KERNELS[kernel].grid == "rows", **features)
 
 
-def isa_of(opts: Options) -> str:
+def isa_of(opts: Build) -> str:
     return compiler.compile_text(specialize(opts), opts.target, "isa", unroll_limit=opts.layout.unroll_limit).data.decode()
 
 
-def check_barriers(opts: Options, isa: str) -> None:
+def check_barriers(opts: Build, isa: str) -> None:
     lay = opts.layout
     reused = KERNELS[opts.kernel].grid != "rows" or lay.stage  # row_sum's %red serves a next row
     want = (2 if reused else 1) if lay.tpr > lay.warp else 0

@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from normir import cache, compiler, library
-from normir.options import Options
+from normir.options import build
 
 pytestmark = pytest.mark.cpu
 
@@ -177,10 +177,10 @@ def _entry_files(root: Path, key: str) -> list[Path]:
 
 def test_get_binary_compiles_then_recovers_from_corruption(tmp_path, monkeypatch, count_compiles):
     monkeypatch.setenv("NORMIR_CACHE_DIR", str(tmp_path))
-    opts = Options(kernel="rmsnorm_fwd", n=1024, target="gfx950")
+    opts = build(kernel="rmsnorm_fwd", n=1024, target="gfx950")
     b = library.get_binary(opts)
     assert count_compiles == ["gfx950"]
-    assert (b.entry, b.fmt, b.options) == ("rmsnorm_fwd", "bin", opts)
+    assert (b.entry, b.fmt, b.build) == ("rmsnorm_fwd", "bin", opts)
     assert b.data[:4] == b"\x7fELF"
     assert b.key == library.key_for(opts, "bin")
     [path] = _entry_files(tmp_path, b.key)
@@ -203,16 +203,16 @@ def test_unwritable_cache_warns_once_and_still_compiles(tmp_path, monkeypatch, c
     monkeypatch.setenv("NORMIR_CACHE_DIR", str(blocker / "cache"))  # below a file: cannot be made
     monkeypatch.setattr(library, "_warned", set())
     with pytest.warns(RuntimeWarning, match=r"cannot write the kernel cache at .*file/cache .* NORMIR_CACHE_DIR"):
-        b = library.get_binary(Options(kernel="rmsnorm_fwd", n=1024, target="sm_90"))
+        b = library.get_binary(build(kernel="rmsnorm_fwd", n=1024, target="sm_90"))
     assert b.data and len(count_compiles) == 1
     with warnings.catch_warnings():
         warnings.simplefilter("error")
-        library.get_binary(Options(kernel="rmsnorm_fwd", n=2048, target="sm_90"))  # no second warning
+        library.get_binary(build(kernel="rmsnorm_fwd", n=2048, target="sm_90"))  # no second warning
 
 
 def test_get_binary_second_call_is_a_cache_hit(tmp_path, monkeypatch, count_compiles):
     monkeypatch.setenv("NORMIR_CACHE_DIR", str(tmp_path))
-    opts = Options(kernel="rmsnorm_fwd", n=1024, target="sm_90")
+    opts = build(kernel="rmsnorm_fwd", n=1024, target="sm_90")
     first = library.get_binary(opts)
     second = library.get_binary(opts)
     assert second.data == first.data
@@ -220,18 +220,18 @@ def test_get_binary_second_call_is_a_cache_hit(tmp_path, monkeypatch, count_comp
 
 
 def test_key_for_depends_on_text_and_unroll():
-    opts = Options(kernel="rmsnorm_fwd", n=1024, target="sm_90")
+    opts = build(kernel="rmsnorm_fwd", n=1024, target="sm_90")
     assert library.key_for(opts, "isa") == library.key_for(opts, "isa")
     assert library.key_for(opts, "isa") != library.key_for(opts, "bin")
     assert library.key_for(opts, "isa") != library.key_for(opts, "isa", text="// other text")
-    assert library.key_for(opts, "isa") != library.key_for(Options(kernel="rmsnorm_fwd", n=1024, target="sm_80"), "isa")
+    assert library.key_for(opts, "isa") != library.key_for(build(kernel="rmsnorm_fwd", n=1024, target="sm_80"), "isa")
 
 
 def test_not_available_without_compiler(tmp_path, monkeypatch, count_compiles):
     monkeypatch.setenv("NORMIR_AOT_DIRS", str(tmp_path / "aot"))
     monkeypatch.setattr(library, "_have_compiler", lambda: False)
     with pytest.raises(library.KernelNotAvailable) as e:
-        library.get_binary(Options(kernel="rmsnorm_fwd", n=1024, target="sm_90"))
+        library.get_binary(build(kernel="rmsnorm_fwd", n=1024, target="sm_90"))
     msg = str(e.value)
     assert "normir aot" in msg and "NORMIR_AOT_DIRS" in msg and "pip install flydsl" in msg
     assert str(tmp_path / "aot") in msg
@@ -241,10 +241,10 @@ def test_not_available_without_compiler(tmp_path, monkeypatch, count_compiles):
 def test_not_available_with_no_compile(monkeypatch, count_compiles):
     monkeypatch.setenv("NORMIR_NO_COMPILE", "1")
     with pytest.raises(library.KernelNotAvailable, match="NORMIR_NO_COMPILE=1") as e:
-        library.get_binary(Options(kernel="rmsnorm_fwd", n=1024, target="sm_90"))
+        library.get_binary(build(kernel="rmsnorm_fwd", n=1024, target="sm_90"))
     assert "normir aot" in str(e.value)
     with pytest.raises(library.KernelNotAvailable):
-        library.get_binary(Options(kernel="rmsnorm_fwd", n=1024, target="sm_90"), compile_missing=False)
+        library.get_binary(build(kernel="rmsnorm_fwd", n=1024, target="sm_90"), compile_missing=False)
     assert count_compiles == []
 
 
@@ -296,18 +296,18 @@ def _runtime_only(monkeypatch, aot_dir: Path, tmp_path: Path) -> None:
 
 def test_aot_lookup_without_compiler(aot_dir, tmp_path, monkeypatch, count_compiles):
     _runtime_only(monkeypatch, aot_dir, tmp_path)
-    b = library.get_binary(Options(**PLAN[0]))
+    b = library.get_binary(build(**PLAN[0]))
     assert b.entry == "rmsnorm_fwd" and len(b.data) > 0
     assert b.fmt in ("bin", "isa")
     assert count_compiles == []
     # Not in the plan: not available, and the message says how to fix that.
     with pytest.raises(library.KernelNotAvailable, match="normir aot"):
-        library.get_binary(Options(**{**PLAN[0], "n": 2048}))
+        library.get_binary(build(**{**PLAN[0], "n": 2048}))
 
 
 def test_aot_lookup_without_compiler_gfx950(aot_dir, tmp_path, monkeypatch, count_compiles):
     _runtime_only(monkeypatch, aot_dir, tmp_path)
-    b = library.get_binary(Options(**PLAN[1]))
+    b = library.get_binary(build(**PLAN[1]))
     assert b.data[:4] == b"\x7fELF"
     assert count_compiles == []
 
@@ -315,7 +315,7 @@ def test_aot_lookup_without_compiler_gfx950(aot_dir, tmp_path, monkeypatch, coun
 def test_aot_lookup_with_compiler_and_no_compile(aot_dir, tmp_path, monkeypatch, count_compiles):
     monkeypatch.setenv("NORMIR_AOT_DIRS", str(aot_dir))
     monkeypatch.setenv("NORMIR_NO_COMPILE", "1")
-    b = library.get_binary(Options(**PLAN[0]))
+    b = library.get_binary(build(**PLAN[0]))
     assert len(b.data) > 0 and count_compiles == []
 
 
@@ -341,9 +341,9 @@ def test_aot_lookup_imports_no_mlir(aot_dir, tmp_path):
     _run_python(f"""
         import sys
         from normir import library
-        from normir.options import Options
+        from normir.options import build
         library._have_compiler = lambda: False
-        b = library.get_binary(Options(**{PLAN[0]!r}))
+        b = library.get_binary(build(**{PLAN[0]!r}))
         assert b.data
         loaded = sorted(m for m in sys.modules if m == "flydsl" or m.startswith("flydsl."))
         assert not loaded, loaded

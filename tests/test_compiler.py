@@ -13,7 +13,7 @@ import pytest
 
 from normir import cli, compiler, targets, template
 from normir.kernels import KERNELS
-from normir.options import Options
+from normir.options import build
 from normir.specialize import specialize, specialize_source
 
 pytestmark = pytest.mark.cpu
@@ -24,7 +24,7 @@ _TID = "    %tid = gpu.thread_id x\n"
 
 def _text(target: str = "sm_90", n: int = 1024, kernel: str = "rmsnorm_fwd") -> str:
     dt = "f32" if kernel == "rmsnorm_dw_reduce" else "bf16"
-    return specialize(Options(kernel=kernel, n=n, dtype=dt, target=target))
+    return specialize(build(kernel=kernel, n=n, dtype=dt, target=target))
 
 
 def _insert_after_tid(text: str, lines: str) -> str:
@@ -94,14 +94,14 @@ def test_other_targets_lower_the_prefetching_backward(target):
     outside CI's pair lower it too (NVPTX selects prefetch.global.L2 from sm_90 on, so sm_80 has
     no piece and refuses the knob; an abort in instruction selection would end the run)."""
     prefetch = targets.get(target).prefetch_piece is not None
-    opts = Options(kernel="rmsnorm_bwd", n=16384, dtype="bf16", target=target, stage=0, l2_prefetch=int(prefetch))
+    opts = build(kernel="rmsnorm_bwd", n=16384, dtype="bf16", target=target, stage=0, l2_prefetch=int(prefetch))
     assert opts.layout.l2_prefetch == prefetch
     isa = compiler.compile_text(specialize(opts), target, "isa").data.decode()
     assert KERNELS["rmsnorm_bwd"].entry in isa
     assert ("prefetch.global.L2" in isa) == prefetch
     if not prefetch:
         with pytest.raises(ValueError, match=f"l2_prefetch=1: {target} has no L2 prefetch"):
-            _ = Options(kernel="rmsnorm_bwd", n=16384, target=target, l2_prefetch=1).layout
+            _ = build(kernel="rmsnorm_bwd", n=16384, target=target, l2_prefetch=1).layout
 
 
 def test_bad_format():
@@ -132,7 +132,7 @@ def test_syntax_error_has_reproduction(capsys):
 
 
 def _source(target: str = "sm_90", n: int = 1024, **kw):
-    return specialize_source(Options(kernel="rmsnorm_fwd", n=n, target=target, **kw))
+    return specialize_source(build(kernel="rmsnorm_fwd", n=n, target=target, **kw))
 
 
 def _line_of(path: Path, needle: str) -> int:
@@ -223,7 +223,7 @@ def test_ptxas_error_names_stage_and_specialization(tmp_path, monkeypatch):
     fake.write_text("#!/bin/sh\necho 'ptxas fatal : fake failure' >&2\nexit 1\n")
     fake.chmod(0o755)
     monkeypatch.setenv("PATH", f"{tmp_path}{os.pathsep}{os.environ['PATH']}")
-    opts = Options(kernel="rmsnorm_fwd", n=1024)
+    opts = build(kernel="rmsnorm_fwd", n=1024)
     with pytest.raises(compiler.CompileError) as e:
         compiler.compile_text(specialize_source(opts), "sm_90", "bin", what=opts.describe())
     msg = str(e.value)
@@ -320,7 +320,7 @@ def test_cli_compile_emit_input(capsys):
     out = capsys.readouterr().out
     assert "memref<2880xbf16>" in out
     assert "${" not in out
-    assert out == specialize(Options(kernel="rmsnorm_fwd", n=2880))
+    assert out == specialize(build(kernel="rmsnorm_fwd", n=2880))
 
 
 def test_cli_compile_set_overrides_placeholder(capsys):
@@ -422,7 +422,7 @@ def test_cli_opt_runs_a_pipeline(tmp_path, capsys):
 
 def test_cli_aot_plan_errors(tmp_path, capsys):
     plan = tmp_path / "plan.json"
-    for content, msg in (('[{"kernel": "rmsnorm_fwd", "nn": 5}]', r"entry 0 has unknown field\(s\) \['nn'\]"),
+    for content, msg in (('[{"kernel": "rmsnorm_fwd", "nn": 5}]', r"entry 0: unknown field\(s\) \['nn'\]"),
                          ('[{"kernel": "rmsnorm_fwd", "n": 0}]', "entry 0: n=0 is out of range"),
                          ('{"kernel": "rmsnorm_fwd"}', "a plan is a JSON list"),
                          ("[1]", "entry 0 is not an object"),
@@ -475,9 +475,9 @@ def test_compiling_imports_no_torch():
     # torch, about 1.9 s): a compile in a fresh interpreter leaves torch unloaded, and prints nothing.
     r = _fresh("import sys\n"
                "from normir import compiler\n"
-               "from normir.options import Options\n"
+               "from normir.options import build\n"
                "from normir.specialize import specialize_source\n"
-               "o = Options(kernel='rmsnorm_fwd', n=1024, target='gfx950')\n"
+               "o = build(kernel='rmsnorm_fwd', n=1024, target='gfx950')\n"
                "compiler.compile_text(specialize_source(o), 'gfx950', 'isa')\n"
                "assert 'torch' not in sys.modules, 'torch was imported'\n"
                "assert 'numpy' not in sys.modules, 'numpy was imported'\n"

@@ -581,19 +581,18 @@ class _NoLaunch:
 
 @pytest.fixture
 def requested(monkeypatch):
-    """The kernels normir's real launch paths ask for (as Options for sm_90, as an H200 would),
-    on CPU tensors, with nothing launched: their set."""
+    """The kernels normir's real launch paths ask for (as Problems for sm_90, as an H200 would), on
+    CPU tensors, with nothing launched: their set (key strings)."""
     from normir import launch
-    from normir.options import Options
+    from normir.options import build
 
     asked = set()
 
-    def handle(kernel, device, n, dtype, wdtype, eps, has_weight, store_rstd, vec, atomic_dw=False, extra=()):
-        opts = Options(kernel=kernel, n=n, dtype=dtype, wdtype=wdtype, eps=eps, target="sm_90", has_weight=has_weight,
-                       store_rstd=store_rstd, vec=vec, atomic_dw=atomic_dw, **dict(extra))
-        asked.add(opts.key_string())
-        return _NoLaunch(), opts.layout
+    def handle(problem, device):
+        asked.add(problem.key_string())
+        return _NoLaunch(), build(problem).layout
 
+    monkeypatch.setattr(launch, "device_target", lambda device: "sm_90")
     monkeypatch.setattr(launch, "handle", handle)
     monkeypatch.setattr(launch, "stream", lambda device: 0)
     for name, value in (("on_gpu", lambda t: True), ("sm_count", lambda device: 132), ("raw_stream", lambda d: 0),
@@ -608,9 +607,9 @@ def requested(monkeypatch):
 def _listed() -> set[str]:
     from gpu_cases import distributed_specializations
 
-    from normir.options import Options
+    from normir.options import split
 
-    return {Options(**spec).key_string() for spec in distributed_specializations()}
+    return {split(spec)[0].key_string() for spec in distributed_specializations()}
 
 
 def demo_module():

@@ -9,7 +9,7 @@ import torch
 
 import normir
 from normir.kernels import KERNELS
-from normir.options import Options
+from normir.options import build
 from normir.specialize import values_for
 
 pytestmark = pytest.mark.cpu
@@ -125,45 +125,45 @@ def test_module_forward(fake):
 def test_features_only_where_a_kernel_takes_them():
     with pytest.raises(ValueError, match=r"rmsnorm_fwd takes no residual \(kernels that do: "
                                          r"fused_add_rmsnorm_fwd, layernorm_fwd\)"):
-        Options(kernel="rmsnorm_fwd", n=1024, rdtype="f32")
+        build(kernel="rmsnorm_fwd", n=1024, rdtype="f32")
     with pytest.raises(ValueError, match=r"rmsnorm_bwd takes no dres out \(kernels that do: "
                                          r"fused_add_rmsnorm_bwd, layernorm_bwd\)"):
-        Options(kernel="rmsnorm_bwd", n=1024, has_dres_out=True)
+        build(kernel="rmsnorm_bwd", n=1024, has_dres_out=True)
     with pytest.raises(ValueError, match=r"fused_add_rmsnorm_fwd takes no xdtype"):
-        Options(kernel="fused_add_rmsnorm_fwd", n=1024, xdtype="f32")
+        build(kernel="fused_add_rmsnorm_fwd", n=1024, xdtype="f32")
     with pytest.raises(ValueError, match=r"store_residual=True needs a residual"):
-        Options(kernel="fused_add_rmsnorm_fwd", n=1024, store_residual=True)
+        build(kernel="fused_add_rmsnorm_fwd", n=1024, store_residual=True)
     with pytest.raises(ValueError, match=r"sdtype='f32': residual_out's type needs a residual"):
-        Options(kernel="fused_add_rmsnorm_fwd", n=1024, sdtype="f32")
+        build(kernel="fused_add_rmsnorm_fwd", n=1024, sdtype="f32")
     with pytest.raises(ValueError, match=r"bdtype='f64': choose one of"):
-        Options(kernel="fused_add_rmsnorm_fwd", n=1024, bdtype="f64")
+        build(kernel="fused_add_rmsnorm_fwd", n=1024, bdtype="f64")
     with pytest.raises(ValueError, match=r"layernorm_fwd takes no weight offset"):
-        Options(kernel="layernorm_fwd", n=1024, weight_offset=1.0)
+        build(kernel="layernorm_fwd", n=1024, weight_offset=1.0)
 
 
 def test_features_have_one_spelling():
     # A type equal to its default is the default: one kernel, one key.
-    base = Options(kernel="fused_add_rmsnorm_fwd", n=1024, rdtype="f32")
-    same = Options(kernel="fused_add_rmsnorm_fwd", n=1024, rdtype="f32", sdtype="f32", odtype="bf16")
+    base = build(kernel="fused_add_rmsnorm_fwd", n=1024, rdtype="f32")
+    same = build(kernel="fused_add_rmsnorm_fwd", n=1024, rdtype="f32", sdtype="f32", odtype="bf16")
     assert same.digest() == base.digest() and same.held_dtype == "f32"
-    bwd = Options(kernel="fused_add_rmsnorm_bwd", n=1024, bdtype="bf16", xdtype="bf16")
-    assert bwd == Options(kernel="fused_add_rmsnorm_bwd", n=1024, bdtype="f16") and bwd.bdtype == "f32"
+    bwd = build(kernel="fused_add_rmsnorm_bwd", n=1024, bdtype="bf16", xdtype="bf16")
+    assert bwd == build(kernel="fused_add_rmsnorm_bwd", n=1024, bdtype="f16") and bwd.bdtype == "f32"
     assert bwd.xdtype == "" and bwd.held_dtype == "bf16"
 
 
 def test_vector_from_the_narrowest_row_tensor():
     # bf16 x with an fp32 residual: 16-byte vectors of the bf16 tensors (8 elements).
-    assert Options(kernel="fused_add_rmsnorm_fwd", n=1024, dtype="f32", sdtype="", rdtype="f32",
+    assert build(kernel="fused_add_rmsnorm_fwd", n=1024, dtype="f32", sdtype="", rdtype="f32",
                    odtype="bf16").vec == 8
-    assert Options(kernel="fused_add_rmsnorm_fwd", n=1024, dtype="f32", rdtype="f32").vec == 4
+    assert build(kernel="fused_add_rmsnorm_fwd", n=1024, dtype="f32", rdtype="f32").vec == 4
 
 
 @pytest.mark.parametrize("kernel", sorted(k for k in KERNELS if k.startswith("fused")))
 def test_flags_follow_the_features(kernel):
-    plain = values_for(Options(kernel=kernel, n=1024))
+    plain = values_for(build(kernel=kernel, n=1024))
     assert plain["HAS_RESIDUAL"] == plain["HAS_BIAS"] == plain["HAS_OFFSET"] == "false"
     fwd = kernel.endswith("fwd")
-    on = values_for(Options(kernel=kernel, n=1024, rdtype="f32", bdtype="bf16", weight_offset=1.0,
+    on = values_for(build(kernel=kernel, n=1024, rdtype="f32", bdtype="bf16", weight_offset=1.0,
                             **(dict(store_residual=True) if fwd else dict(has_dres_out=True))))
     assert on["HAS_BIAS"] == on["HAS_OFFSET"] == "true"
     assert on["HAS_RESIDUAL" if fwd else "STORE_DRES"] == "true"
@@ -175,15 +175,15 @@ def test_stage_dres_forced_and_refused():
     # the dynamic shared memory holds already; only a backward reading it, with asynchronous copies.
     from normir.specialize import specialize
 
-    on = Options(kernel="fused_add_rmsnorm_bwd", n=65536, has_dres_out=True, stage_dres=1)
+    on = build(kernel="fused_add_rmsnorm_bwd", n=65536, has_dres_out=True, stage_dres=1)
     lay = on.layout
     assert lay.stage_dres and lay.dres_at == 0 and lay.smem_bytes == lay.k * lay.block * 16
     text = specialize(on)
     assert "%stage_dres = arith.constant true" in text and "nvvm.cp.async.shared.global" in text
-    slots = Options(kernel="layernorm_bwd", n=65536, bdtype="f32", has_dres_out=True, stage_dres=1).layout
+    slots = build(kernel="layernorm_bwd", n=65536, bdtype="f32", has_dres_out=True, stage_dres=1).layout
     assert slots.dyn_slots and slots.dres_at == slots.slot_bytes
     assert slots.smem_bytes == slots.slot_bytes + slots.k * slots.block * 16
-    off = Options(kernel="fused_add_rmsnorm_bwd", n=65536, has_dres_out=True, stage_dres=0)
+    off = build(kernel="fused_add_rmsnorm_bwd", n=65536, has_dres_out=True, stage_dres=0)
     assert not off.layout.stage_dres and off.layout.smem_bytes == 0
     assert "%stage_dres = arith.constant false" in specialize(off)
     for bad in (dict(kernel="fused_add_rmsnorm_bwd", has_dres_out=False), dict(kernel="rmsnorm_bwd"),
@@ -191,6 +191,6 @@ def test_stage_dres_forced_and_refused():
                 dict(kernel="fused_add_rmsnorm_bwd", has_dres_out=True, stage=1, n=16384),
                 dict(kernel="fused_add_rmsnorm_fwd")):
         with pytest.raises(ValueError, match="stage_dres=1 needs a backward reading d_residual_out"):
-            Options(**{"n": 65536, **bad, "stage_dres": 1})
+            build(**{"n": 65536, **bad, "stage_dres": 1})
     with pytest.raises(ValueError, match="stage_dres"):
-        Options(kernel="fused_add_rmsnorm_bwd", n=65536, has_dres_out=True, stage_dres=2)
+        build(kernel="fused_add_rmsnorm_bwd", n=65536, has_dres_out=True, stage_dres=2)

@@ -14,7 +14,7 @@ import re
 import pytest
 from test_barriers import SWEEP_N, check_barriers, isa_of, sweep, sweep_options
 
-from normir.options import Options
+from normir.options import build
 
 pytestmark = pytest.mark.cpu
 
@@ -33,11 +33,13 @@ def test_no_scratch_on_gfx950(kernel, n, dtype, has_weight):
 
 
 # The backwards' dtype rule: an incoming gradient in another type than the row (mixed precision:
-# fp32 gradients of bf16 activations, bf16 ones of an fp32 residual stream), each layout the policy
-# gives it. (kernel, the row's type, the gradient's, the Options field it is.)
+# fp32 gradients of bf16 activations, bf16 ones of an fp32 residual stream, dy of a bf16 y beside
+# an fp32 residual_out), each layout the policy gives it (layout.AMD_WIDE_ROLLED_K). (kernel, the
+# row's type, the gradient's, the Options field it is.)
 GRAD_CASES = (("rmsnorm_bwd", "bf16", "f32", "odtype"), ("rmsnorm_bwd", "f32", "bf16", "odtype"),
               ("fused_add_rmsnorm_bwd", "f32", "bf16", "gdtype"), ("fused_add_rmsnorm_bwd", "bf16", "f32", "gdtype"),
-              ("layernorm_bwd", "f32", "bf16", "gdtype"), ("layernorm_bwd", "bf16", "f32", "gdtype"))
+              ("layernorm_bwd", "f32", "bf16", "gdtype"), ("layernorm_bwd", "bf16", "f32", "gdtype"),
+              ("fused_add_rmsnorm_bwd", "f32", "bf16", "odtype"), ("layernorm_bwd", "f32", "bf16", "odtype"))
 
 
 @pytest.mark.parametrize("case", GRAD_CASES, ids=lambda c: f"{c[0]}-{c[1]}-{c[3]}-{c[2]}")
@@ -45,7 +47,7 @@ GRAD_CASES = (("rmsnorm_bwd", "bf16", "f32", "odtype"), ("rmsnorm_bwd", "f32", "
 def test_no_scratch_with_gradients_in_their_own_dtype(case, n):
     kernel, dtype, gdt, field = case
     extra = {"has_dres_out": True} if field == "gdtype" else {}
-    opts = Options(kernel=kernel, n=n, dtype=dtype, wdtype=dtype, target="gfx950", **extra, **{field: gdt})
+    opts = build(kernel=kernel, n=n, dtype=dtype, wdtype=dtype, target="gfx950", **extra, **{field: gdt})
     isa = isa_of(opts)
     scratch = re.search(r"\.private_segment_fixed_size:\s+(\d+)", isa)
     assert scratch and scratch.group(1) == "0", f"{opts.describe()}: {scratch and scratch.group(1)} bytes of scratch"

@@ -28,7 +28,9 @@ from gpu_helpers import TOL, TORCH, make, poison, rel_err
 import normir
 from normir import launch
 from normir.layout import DTYPES, max_vec
-from normir.ops.rmsnorm import BWD_KEY_EPS, rmsnorm_bwd_ref, rmsnorm_ref
+from normir.ops._rows import BWD_KEY_EPS
+from normir.ops.rmsnorm import rmsnorm_bwd_ref, rmsnorm_ref
+from normir.options import Problem
 
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a GPU")]
 
@@ -121,7 +123,8 @@ def test_fwd_without_rstd_returns_none_and_leaves_x_alone():
 @pytest.mark.parametrize("dt", ("bf16", "f16"))
 def test_bwd_rows_split_for_their_sums(dt, n):
     # Rows whose dw sums fill a thread's share in one block of more than 512 threads go over a cluster.
-    _, lay = launch.handle("rmsnorm_bwd", 0, n, dt, dt, BWD_KEY_EPS, True, False, max_vec(n, DTYPES[dt]))
+    _, lay = launch.handle(Problem(kernel="rmsnorm_bwd", n=n, dtype=dt, wdtype=dt, eps=BWD_KEY_EPS,
+                                   vec=max_vec(n, DTYPES[dt])), 0)
     assert lay.cluster > 1 and lay.block <= 512
     check_bwd(make((199, n), TORCH[dt]), make((n,), TORCH[dt]) + 1, 1e-6)
 
@@ -180,7 +183,8 @@ def test_weight_in_another_dtype(dt, wdt, n):
 def test_bwd_no_weight_layouts(n, dt):
     # Without a weight the backward holds short rows in registers, stages longer ones and loads
     # all of pass 2 inside a cluster's barrier: each of those layouts against the reference.
-    _, lay = launch.handle("rmsnorm_bwd", 0, n, dt, dt, BWD_KEY_EPS, False, False, max_vec(n, DTYPES[dt]))
+    _, lay = launch.handle(Problem(kernel="rmsnorm_bwd", n=n, dtype=dt, wdtype=dt, eps=BWD_KEY_EPS, has_weight=False,
+                                   vec=max_vec(n, DTYPES[dt])), 0)
     assert lay.cache_row or lay.stage or lay.overlap == lay.k
     check_bwd(make((1000, n), TORCH[dt]), None, 1e-6)
 
@@ -214,7 +218,8 @@ def test_rows_split_over_a_cluster(monkeypatch, n, cluster, dt):
     monkeypatch.setenv("NORMIR_TPR", f"rmsnorm_fwd:{n}=0x{cluster},rmsnorm_bwd:{n}=0x{cluster}")
     launch.clear_handles()
     try:
-        _, lay = launch.handle("rmsnorm_bwd", 0, n, dt, dt, BWD_KEY_EPS, True, False, max_vec(n, DTYPES[dt]))
+        _, lay = launch.handle(Problem(kernel="rmsnorm_bwd", n=n, dtype=dt, wdtype=dt, eps=BWD_KEY_EPS,
+                                   vec=max_vec(n, DTYPES[dt])), 0)
         assert lay.cluster == cluster
         x = make((1000, n), TORCH[dt])
         w = make((n,), TORCH[dt]) + 1
@@ -238,7 +243,8 @@ def test_forced_layouts(monkeypatch, n, dt, fwd, bwd):
     try:
         vec = max_vec(n, DTYPES[dt])
         for kernel, forced in (("rmsnorm_fwd", fwd), ("rmsnorm_bwd", bwd)):
-            _, lay = launch.handle(kernel, 0, n, dt, dt, 1e-6, True, kernel == "rmsnorm_fwd", vec)
+            _, lay = launch.handle(Problem(kernel=kernel, n=n, dtype=dt, wdtype=dt, store_rstd=kernel == "rmsnorm_fwd",
+                                           vec=vec), 0)
             for name, value in forced.items():
                 assert getattr(lay, name) == (bool(value) if name in ("stage", "l2_prefetch") else value)
         x = make((1000, n), TORCH[dt])

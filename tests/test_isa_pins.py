@@ -17,7 +17,7 @@ import pytest
 
 from normir import compiler, targets
 from normir.kernels import KERNELS
-from normir.options import Options
+from normir.options import build
 from normir.specialize import specialize_source
 
 pytestmark = pytest.mark.cpu
@@ -52,7 +52,7 @@ SPECS = {
 
 
 def isa_hash(fields: dict, target: str) -> str:
-    opts = Options(**fields, target=target)
+    opts = build(**fields, target=target)
     art = compiler.compile_text(specialize_source(opts), target, "isa", unroll_limit=opts.layout.unroll_limit)
     text = re.sub(rf"\b{KERNELS[opts.kernel].entry}\b", "ENTRY", art.data.decode())
     return hashlib.sha256(text.encode()).hexdigest()

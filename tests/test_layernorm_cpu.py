@@ -8,7 +8,7 @@ import pytest
 import torch
 
 import normir
-from normir.options import Options
+from normir.options import build
 from normir.specialize import values_for
 
 pytestmark = pytest.mark.cpu
@@ -94,20 +94,20 @@ def test_module_forward(fake):
 
 def test_options_and_flags():
     with pytest.raises(ValueError, match=r"layernorm_fwd takes no weight offset"):
-        Options(kernel="layernorm_fwd", n=1024, weight_offset=1.0)
-    fwd = values_for(Options(kernel="layernorm_fwd", n=1024, store_rstd=True))
+        build(kernel="layernorm_fwd", n=1024, weight_offset=1.0)
+    fwd = values_for(build(kernel="layernorm_fwd", n=1024, store_rstd=True))
     assert (fwd["HAS_MEAN"], fwd["NR"], fwd["FWD_ACC"]) == ("true", "3", "vector<2xf32>")  # the thread's mean, M2
     # 1024 = 32 threads x 4 chunks of 8: equal counts, the butterfly skips the count; one warp.
     assert (fwd["EQUAL_COUNTS"], fwd["PAIR_FIRST"], fwd["WPR_P2"], fwd["WARP_STEPS"]) == ("true", "1", "1", "0")
-    tail = values_for(Options(kernel="layernorm_fwd", n=2880, two_pass=0))  # 360 chunks over 96 threads
+    tail = values_for(build(kernel="layernorm_fwd", n=2880, two_pass=0))  # 360 chunks over 96 threads
     assert (tail["EQUAL_COUNTS"], tail["PAIR_FIRST"]) == ("false", "0")
     # The policy's form there: a two-pass variance, plain sums of the summary's last value alone.
-    two = values_for(Options(kernel="layernorm_fwd", n=2880))
+    two = values_for(build(kernel="layernorm_fwd", n=2880))
     assert (two["TWO_PASS"], two["PAIR_FIRST"], two["COMBINE_PIECE"]) == ("true", "2", "common/combine_sum.mlir")
     assert fwd["COMBINE_PIECE"] == "common/combine_chan.mlir" and fwd["STATS_PIECE"] == "common/stats_layer.mlir"
-    bwd = values_for(Options(kernel="layernorm_bwd", n=1024, bdtype="f32"))
+    bwd = values_for(build(kernel="layernorm_bwd", n=1024, bdtype="f32"))
     assert (bwd["NR"], bwd["BWD_ACC"], bwd["COMBINE_PIECE"]) == ("2", "vector<16xf32>", "common/combine_sum.mlir")
-    rms = values_for(Options(kernel="rmsnorm_fwd", n=1024))
+    rms = values_for(build(kernel="rmsnorm_fwd", n=1024))
     assert (rms["HAS_MEAN"], rms["NR"], rms["FWD_ACC"], rms["PAIR_FIRST"]) == ("false", "1", "vector<8xf32>", "0")
 
 
@@ -116,17 +116,17 @@ def test_layout_sees_one_read_without_a_residual():
     # chunks per thread where RMSNorm takes 2 (its row summary is 3 values), and the fused add's
     # with one (two rows read in pass 1) up to 512 threads where RMSNorm's takes 1024, and 4
     # where the chunks do not split evenly over whole warps (2880: 360 chunks).
-    plain = Options(kernel="layernorm_fwd", n=4096).layout
-    assert (plain.tpr, plain.k, plain.batch_reload) == (Options(kernel="rmsnorm_fwd", n=4096).layout.tpr // 2, 4, True)
-    assert (Options(kernel="layernorm_fwd", n=1024).layout.tpr, Options(kernel="layernorm_fwd", n=32768).layout.k) \
+    plain = build(kernel="layernorm_fwd", n=4096).layout
+    assert (plain.tpr, plain.k, plain.batch_reload) == (build(kernel="rmsnorm_fwd", n=4096).layout.tpr // 2, 4, True)
+    assert (build(kernel="layernorm_fwd", n=1024).layout.tpr, build(kernel="layernorm_fwd", n=32768).layout.k) \
         == (32, 4)
-    fused = Options(kernel="layernorm_fwd", n=4096, rdtype="bf16", store_residual=True).layout
+    fused = build(kernel="layernorm_fwd", n=4096, rdtype="bf16", store_residual=True).layout
     assert (fused.tpr, fused.k) == (512, 1)
-    fused = Options(kernel="layernorm_fwd", n=8192, rdtype="bf16", store_residual=True).layout
-    rms = Options(kernel="fused_add_rmsnorm_fwd", n=8192, rdtype="bf16", store_residual=True).layout
+    fused = build(kernel="layernorm_fwd", n=8192, rdtype="bf16", store_residual=True).layout
+    rms = build(kernel="fused_add_rmsnorm_fwd", n=8192, rdtype="bf16", store_residual=True).layout
     assert (fused.tpr, fused.k, rms.tpr, rms.k) == (512, 2, 1024, 1)
-    fused = Options(kernel="layernorm_fwd", n=2880, rdtype="bf16", store_residual=True).layout
-    rms = Options(kernel="fused_add_rmsnorm_fwd", n=2880, rdtype="bf16", store_residual=True).layout
+    fused = build(kernel="layernorm_fwd", n=2880, rdtype="bf16", store_residual=True).layout
+    rms = build(kernel="fused_add_rmsnorm_fwd", n=2880, rdtype="bf16", store_residual=True).layout
     assert (fused.tpr, fused.k, rms.tpr, rms.kfull) == (96, 4, 352, 1)
 
 
@@ -136,13 +136,13 @@ def test_backward_holds_its_rows_where_rmsnorm_rereads_them(n):
     # the passes (with a weight and a bias, whose column sums take registers too), where
     # RMSNorm's backward of the same shape reads them again; and over 2 blocks of at most 4
     # warps (8192: 2 blocks for its column sums already), where RMSNorm's takes one.
-    ln = Options(kernel="layernorm_bwd", n=n, bdtype="f32").layout
-    rms = Options(kernel="rmsnorm_bwd", n=n).layout
+    ln = build(kernel="layernorm_bwd", n=n, bdtype="f32").layout
+    rms = build(kernel="rmsnorm_bwd", n=n).layout
     assert (ln.k, ln.cache_row, ln.dw_regs, ln.cluster, rms.cache_row, rms.cluster) == (2, True, True, 2, False, 1)
     assert ln.tpr == rms.tpr // 2 if n < 8192 else ln.tpr == rms.tpr
     # The fused add's backward (d_residual_out read in pass 2 too) re-reads its rows, as RMSNorm's,
     # but over a cluster (8192), where it holds them with its column sums in shared memory.
-    fused = Options(kernel="layernorm_bwd", n=n, bdtype="f32", has_dres_out=True).layout
+    fused = build(kernel="layernorm_bwd", n=n, bdtype="f32", has_dres_out=True).layout
     assert (fused.cache_row, fused.tpr, fused.db_smem) == (n == 8192, rms.tpr, 3 if n == 8192 else fused.db_smem)
 
 
@@ -155,26 +155,26 @@ def test_db_sums_in_shared_memory_knob(monkeypatch):
     from normir.specialize import values_for
 
     bwd = dict(kernel="layernorm_bwd", n=8192, bdtype="f32")
-    lay = Options(**bwd, db_smem=1).layout
-    assert lay.db_smem == 1 and Options(**bwd).layout.db_smem == 3  # the policy's: dw's sums too
-    assert not Options(kernel="layernorm_bwd", n=4096, bdtype="f32", db_smem=0).layout.db_smem
+    lay = build(**bwd, db_smem=1).layout
+    assert lay.db_smem == 1 and build(**bwd).layout.db_smem == 3  # the policy's: dw's sums too
+    assert not build(kernel="layernorm_bwd", n=4096, bdtype="f32", db_smem=0).layout.db_smem
     shared = f"memref<{lay.k}x{lay.block}x{lay.vec}xf32, #gpu.address_space<workgroup>>"
-    v = values_for(Options(**bwd, db_smem=1))
+    v = values_for(build(**bwd, db_smem=1))
     assert v["DB_GET"] == f"vector.load %dbbuf[%k, %tid, %c0] : {shared}, vector<{lay.vec}xf32>"
     assert "llvm.align = 16" in v["DB_IN_WORKGROUP"] and v["DB_IN_PRIVATE"] == ""
     assert v["DW_PUT"] == "vector.store" and "%dwbuf[%k, %c0]" in v["DW_PUT_TO"] and v["DW_IN_WORKGROUP"] == ""
     quarters = f"memref<{lay.k}x2x{lay.block}x4xf32, #gpu.address_space<workgroup>>"
-    v = values_for(Options(**bwd, db_smem=3))
+    v = values_for(build(**bwd, db_smem=3))
     assert v["DB_GET"].startswith("func.call @normir_db_get(%dbbuf, %k, %tid)") and quarters in v["DB_GET"]
     assert v["DW_PUT"] == "func.call @normir_dw_put(" and quarters in v["DW_IN_WORKGROUP"]
     assert v["DB_SLOTS_PIECE"] == v["DW_SLOTS_PIECE"] == "common/slots_split.mlir"
-    assert values_for(Options(**bwd, db_smem=1))["DB_SLOTS_PIECE"] == "common/slots_none.mlir"
-    assert Options(**bwd, db_smem=3, has_weight=False).layout.db_smem == 2  # no dw sums to move
-    assert not Options(kernel="layernorm_bwd", n=4096, db_smem=1).layout.db_smem
+    assert values_for(build(**bwd, db_smem=1))["DB_SLOTS_PIECE"] == "common/slots_none.mlir"
+    assert build(**bwd, db_smem=3, has_weight=False).layout.db_smem == 2  # no dw sums to move
+    assert not build(kernel="layernorm_bwd", n=4096, db_smem=1).layout.db_smem
     with pytest.raises(ValueError, match=r"db_smem=1 needs a backward"):
-        Options(kernel="layernorm_fwd", n=4096, db_smem=1)
-    with pytest.raises(ValueError, match=r"db_smem=4: choose 1"):
-        Options(kernel="layernorm_bwd", n=4096, db_smem=4)
+        build(kernel="layernorm_fwd", n=4096, db_smem=1)
+    with pytest.raises(ValueError, match=r"db_smem=4: choose one of 0, 1, 2, 3 "):
+        build(kernel="layernorm_bwd", n=4096, db_smem=4)
     monkeypatch.setenv("NORMIR_TPR", "layernorm_bwd:4096=128m5d1,layernorm_bwd:8192=256x2d3")
     over = tpr_overrides()
     assert (over[("layernorm_bwd", 4096)]["min_blocks"], over[("layernorm_bwd", 8192)]["db_smem"]) == (5, 3)
@@ -204,7 +204,7 @@ def test_policy_moves_db_sums_where_a_block_is_gained(n, dres, db_smem, blocks, 
     # one block with a masked chunk, read again, the choice of the most blocks: both sums at 72
     # registers (layout._one_block_blocks: 2400 in 5 warps, 2880 in 6, 3456 in 7).
     # (SPLIT: forced over 2 blocks, as the policy's layout was before layout._one_block.)
-    lay = Options(kernel="layernorm_bwd", n=n, bdtype="f32", has_dres_out=dres, **kw).layout
+    lay = build(kernel="layernorm_bwd", n=n, bdtype="f32", has_dres_out=dres, **kw).layout
     assert (lay.db_smem, lay.min_blocks, lay.k, lay.cache_row) == (db_smem, blocks, 2, held)
     # Not where no block is gained or the cap spilled (tests/test_sm90_spill.py): 4-byte rows read
     # again (2240, layout._even_halves), over a cluster in 7 warps beside an fp32 weight (7168: 2
@@ -214,10 +214,10 @@ def test_policy_moves_db_sums_where_a_block_is_gained(n, dres, db_smem, blocks, 
     for kw in (dict(n=2240), dict(n=7168, wdtype="f32"), dict(n=4096, wdtype="f32"),
                dict(n=7680, has_dres_out=True, wdtype="f32"),
                dict(n=1024, dtype="f32"), dict(n=2048, has_weight=False), dict(n=1024, target="gfx950")):
-        other = Options(kernel="layernorm_bwd", **{"bdtype": "f32", **kw}).layout
+        other = build(kernel="layernorm_bwd", **{"bdtype": "f32", **kw}).layout
         assert not other.db_smem and not other.min_blocks, kw
-    assert not Options(kernel="layernorm_bwd", n=1024).layout.db_smem  # no bias
-    forced = Options(kernel="layernorm_bwd", n=1024, bdtype="f32", min_blocks=8).layout
+    assert not build(kernel="layernorm_bwd", n=1024).layout.db_smem  # no bias
+    forced = build(kernel="layernorm_bwd", n=1024, bdtype="f32", min_blocks=8).layout
     assert (forced.db_smem, forced.min_blocks) == (1, 8)  # a forced cap stays
 
 
@@ -230,19 +230,19 @@ def test_policy_moves_db_sums_of_4_chunk_rows_over_a_cluster():
     for n, blocks in ((40960, 3), (65536, 2)):
         for dres in (False, True):
             held = dict(cache_row=0) if n == 65536 else {}  # the policy holds 65536's (layout._held_quads)
-            lay = Options(kernel="layernorm_bwd", n=n, bdtype="f32", has_dres_out=dres, **held).layout
+            lay = build(kernel="layernorm_bwd", n=n, bdtype="f32", has_dres_out=dres, **held).layout
             got = (lay.k, lay.cluster, lay.cache_row, lay.db_smem, lay.min_blocks, lay.overlap)
             early = 4 if n == 65536 and not dres else 2
             assert got == (4, 8, False, 3, blocks, early), (n, dres)
             assert lay.dyn_slots == (n == 65536)
     for kw in (dict(dtype="f32", wdtype="f32"), dict(target="gfx950")):
-        lay = Options(kernel="layernorm_bwd", n=65536, bdtype="f32", **kw).layout
+        lay = build(kernel="layernorm_bwd", n=65536, bdtype="f32", **kw).layout
         assert not lay.db_smem and not lay.min_blocks, kw
     # db's alone beside an fp32 weight (both moved spilled there); the fused add's pass 2 then not
     # loaded early (it spilled at the cap); LayerNorm's is.
     for n, kw, blocks in ((65536, dict(wdtype="f32"), 2), (81920, {}, 1)):
         for dres, overlap in ((True, 0), (False, 2)):
-            lay = Options(kernel="layernorm_bwd", n=n, bdtype="f32", has_dres_out=dres, **kw).layout
+            lay = build(kernel="layernorm_bwd", n=n, bdtype="f32", has_dres_out=dres, **kw).layout
             assert (lay.db_smem, lay.min_blocks, lay.overlap) == (1, blocks, overlap), (n, kw, dres)
 
 
@@ -253,13 +253,13 @@ def test_long_bf16_rows_held_in_4_chunks():
     # add at 32768-65536 held in its 512 threads, d_residual_out staged.
     for n, cluster in ((16384, 2), (32768, 4), (65536, 8)):
         for dres in (False, True):
-            lay = Options(kernel="layernorm_bwd", n=n, bdtype="f32", has_dres_out=dres).layout
+            lay = build(kernel="layernorm_bwd", n=n, bdtype="f32", has_dres_out=dres).layout
             got = (lay.tpr, lay.cluster, lay.k, lay.cache_row, lay.db_smem, lay.min_blocks, lay.overlap)
             assert got == (256, cluster, 4, True, 3, 0, 0), (n, dres)
             assert lay.stage_dres == dres and lay.dyn_slots
             assert lay.l2_prefetch != dres  # the fused add's without the next row's L2 prefetch
     for n, cluster in ((32768, 2), (65536, 4)):
-        lay = Options(kernel="fused_add_rmsnorm_bwd", n=n, has_dres_out=True).layout
+        lay = build(kernel="fused_add_rmsnorm_bwd", n=n, has_dres_out=True).layout
         assert (lay.tpr, lay.cluster, lay.k, lay.cache_row, lay.overlap, lay.stage_dres) == (512, cluster, 4, True, 0, True)
     # Not: f16 rows (held as fp32), an fp32 weight, fp32 dy, no bias, non-power-of-two clusters
     # (49152), gfx950, a forced knob; RMSNorm's fused add with a bias or in atomic mode (8 bytes
@@ -267,12 +267,12 @@ def test_long_bf16_rows_held_in_4_chunks():
     for kw in (dict(dtype="f16", wdtype="f16"), dict(wdtype="f32"), dict(odtype="f32"), dict(bdtype=""),
                dict(n=49152), dict(target="gfx950"), dict(cache_row=0), dict(min_blocks=2), dict(overlap=0),
                dict(stage_dres=0)):
-        lay = Options(kernel="layernorm_bwd", **{"n": 32768, "bdtype": "f32", **kw}).layout
+        lay = build(kernel="layernorm_bwd", **{"n": 32768, "bdtype": "f32", **kw}).layout
         assert not (lay.cache_row and lay.k == 4), kw
     for kw in (dict(bdtype="bf16"), dict(atomic_dw=True), dict(has_dres_out=False), dict(stage_dres=0)):
-        lay = Options(**{"kernel": "fused_add_rmsnorm_bwd", "n": 65536, "has_dres_out": True, **kw}).layout
+        lay = build(**{"kernel": "fused_add_rmsnorm_bwd", "n": 65536, "has_dres_out": True, **kw}).layout
         assert not lay.cache_row, kw
-    assert not Options(kernel="rmsnorm_bwd", n=65536).layout.cache_row
+    assert not build(kernel="rmsnorm_bwd", n=65536).layout.cache_row
 
 
 def test_long_bf16_rows_without_w_and_b_held_over_a_cluster():
@@ -281,13 +281,13 @@ def test_long_bf16_rows_without_w_and_b_held_over_a_cluster():
     # read again: f16 and f32 rows (held as fp32), a bias (db's sums), d_residual_out, 6 chunks a
     # thread (49152 over 384), a forced cache_row, the rows with a weight (_held_quads' 256).
     for n, cluster in ((32768, 2), (65536, 4), (131072, 8)):
-        lay = Options(kernel="layernorm_bwd", n=n, has_weight=False).layout
+        lay = build(kernel="layernorm_bwd", n=n, has_weight=False).layout
         assert (lay.tpr, lay.cluster, lay.k, lay.cache_row, lay.overlap) == (512, cluster, 4, True, 0), n
     for kw in (dict(dtype="f16", wdtype="f16"), dict(dtype="f32", wdtype="f32"), dict(bdtype="f32"),
                dict(has_dres_out=True), dict(n=49152), dict(cache_row=0), dict(has_weight=True)):
-        lay = Options(kernel="layernorm_bwd", **{"n": 65536, "has_weight": False, **kw}).layout
+        lay = build(kernel="layernorm_bwd", **{"n": 65536, "has_weight": False, **kw}).layout
         assert not (lay.cache_row and lay.tpr == 512), kw
-    assert Options(kernel="layernorm_bwd", n=65536, has_weight=False, cache_row=0).layout.overlap == 4
+    assert build(kernel="layernorm_bwd", n=65536, has_weight=False, cache_row=0).layout.overlap == 4
 
 
 def test_held_masked_rows_of_7_or_8_warps_over_2_blocks_are_read_again():
@@ -296,15 +296,15 @@ def test_held_masked_rows_of_7_or_8_warps_over_2_blocks_are_read_again():
     # 3 blocks; not whole warps beside an fp32 weight (7168), not over 4 blocks (14848), not where
     # cache_row is forced.
     for n in (7424, 7680):
-        lay = Options(kernel="layernorm_bwd", n=n, bdtype="f32").layout
+        lay = build(kernel="layernorm_bwd", n=n, bdtype="f32").layout
         assert (lay.cluster, lay.cache_row, lay.db_smem, lay.min_blocks) == (2, False, 3, 3), n
     for n, kw in ((7168, dict(wdtype="f32")), (14848, {}), (7680, dict(cache_row=1))):
-        lay = Options(kernel="layernorm_bwd", n=n, bdtype="f32", **kw).layout
+        lay = build(kernel="layernorm_bwd", n=n, bdtype="f32", **kw).layout
         assert lay.cache_row and not lay.db_smem, (n, kw)
     # Cache hints only where every row tensor moves in 16-byte chunks (an fp32 residual_out beside
     # 16-bit dy and dx: none; sm_90 verifies no narrower hinted access).
-    assert Options(kernel="layernorm_bwd", n=7680, bdtype="f32").layout.hints
-    mixed = Options(kernel="layernorm_bwd", n=7424, dtype="f32", rdtype="f32", odtype="bf16", xdtype="bf16",
+    assert build(kernel="layernorm_bwd", n=7680, bdtype="f32").layout.hints
+    mixed = build(kernel="layernorm_bwd", n=7424, dtype="f32", rdtype="f32", odtype="bf16", xdtype="bf16",
                     bdtype="f32").layout
     assert not mixed.cache_row and mixed.hints == 0
 
@@ -312,10 +312,10 @@ def test_held_masked_rows_of_7_or_8_warps_over_2_blocks_are_read_again():
 def test_one_read_rows_of_a_masked_chunk_are_held():
     # LayerNorm's forward at N=2880 (360 chunks: not whole warps) holds the row at the streamed
     # layout's 96 threads, without its L2 hints; 4096 stays streamed.
-    lay = Options(kernel="layernorm_fwd", n=2880, bdtype="bf16").layout
+    lay = build(kernel="layernorm_fwd", n=2880, bdtype="bf16").layout
     assert (lay.tpr, lay.k, lay.cache_row, lay.hints) == (96, 4, True, 0)
-    assert not Options(kernel="layernorm_fwd", n=4096, bdtype="bf16").layout.cache_row
-    fused = Options(kernel="layernorm_fwd", n=2880, bdtype="bf16", rdtype="bf16", store_residual=True).layout
+    assert not build(kernel="layernorm_fwd", n=4096, bdtype="bf16").layout.cache_row
+    fused = build(kernel="layernorm_fwd", n=2880, bdtype="bf16", rdtype="bf16", store_residual=True).layout
     assert not fused.cache_row  # two reads: streamed
 
 
@@ -324,13 +324,13 @@ def test_one_read_rows_of_a_masked_chunk_are_held():
 def test_forward_rows_of_a_masked_chunk_split_evenly(n, tpr, vec, k):
     # LayerNorm's forward where the policy's rows leave a masked chunk: the fewest whole warps
     # (else a sub-warp) in 16-byte chunks, else 8-byte ones, at most 100 elements a thread, held.
-    lay = Options(kernel="layernorm_fwd", n=n, bdtype="bf16").layout
+    lay = build(kernel="layernorm_fwd", n=n, bdtype="bf16").layout
     assert (lay.tpr, lay.vec, lay.k, lay.kfull, lay.cluster, lay.cache_row) == (tpr, vec, k, k, 1, True)
     assert lay.rows == (256 // tpr if tpr <= 32 else 1)
     # Not for RMSNorm's, a forced layout, nor gfx950 (not measured); the fused add's (two reads)
     # has its own rule (test_fused_forward_rows_over_warps_not_a_power_of_two_are_held).
-    for other in (Options(kernel="rmsnorm_fwd", n=n), Options(kernel="layernorm_fwd", n=n, tpr=96),
-                  Options(kernel="layernorm_fwd", n=n, target="gfx950")):
+    for other in (build(kernel="rmsnorm_fwd", n=n), build(kernel="layernorm_fwd", n=n, tpr=96),
+                  build(kernel="layernorm_fwd", n=n, target="gfx950")):
         assert other.layout.vec != vec or other.layout.tpr != tpr, other
 
 
@@ -338,23 +338,23 @@ def test_fused_forward_rows_over_warps_not_a_power_of_two_are_held():
     # The fused add's LayerNorm forward (two reads) at one chunk a thread over 5-15 warps: held at
     # 2 chunks a thread where those fill whole warps, else split evenly; 4, 8, 16 warps streamed.
     def lay(n, **kw):
-        return Options(kernel="layernorm_fwd", n=n, bdtype="bf16", rdtype="bf16", store_residual=True, **kw).layout
+        return build(kernel="layernorm_fwd", n=n, bdtype="bf16", rdtype="bf16", store_residual=True, **kw).layout
 
     for n, shape in ((1536, (96, 8, 2)), (2560, (160, 8, 2)), (3584, (224, 8, 2)), (1280, (32, 8, 5))):
         got = lay(n)
         assert (got.tpr, got.vec, got.k, got.kfull, got.cache_row) == (*shape, shape[2], True), (n, got)
     for n in (1024, 2048, 4096):
         assert (lay(n).k, lay(n).cache_row) == (1, False), n
-    assert not Options(kernel="fused_add_rmsnorm_fwd", n=2560, rdtype="bf16", store_residual=True).layout.cache_row
+    assert not build(kernel="fused_add_rmsnorm_fwd", n=2560, rdtype="bf16", store_residual=True).layout.cache_row
     assert not lay(2560, target="gfx950").cache_row or lay(2560, target="gfx950").tpr != 160
 
 
 def test_forward_rows_without_an_even_split_keep_their_layout():
     # 2880 (360 chunks of 16 bytes, 720 of 8): no split of whole warps or 16 threads within 100
     # elements a thread; held with its masked chunk (test_one_read_rows_of_a_masked_chunk_are_held).
-    lay = Options(kernel="layernorm_fwd", n=2880, bdtype="bf16").layout
+    lay = build(kernel="layernorm_fwd", n=2880, bdtype="bf16").layout
     assert (lay.vec, lay.k, lay.kfull) == (8, 4, 3)
-    assert Options(kernel="layernorm_fwd", n=4096, bdtype="bf16").layout.tpr == 128  # even: streamed as before
+    assert build(kernel="layernorm_fwd", n=4096, bdtype="bf16").layout.tpr == 128  # even: streamed as before
 
 
 @pytest.mark.parametrize(("kernel", "extra"), [("rmsnorm_bwd", {}), ("fused_add_rmsnorm_bwd", {"has_dres_out": True}),
@@ -363,13 +363,13 @@ def test_forward_rows_without_an_even_split_keep_their_layout():
 def test_backward_short_rows_of_a_masked_chunk_split_evenly(kernel, extra):
     # One chunk a thread where the row's chunks fill whole warps (768: 96, 1280: 160), every op.
     for n, tpr in ((768, 96), (1280, 160)):
-        lay = Options(kernel=kernel, n=n, **extra).layout
+        lay = build(kernel=kernel, n=n, **extra).layout
         assert (lay.tpr, lay.vec, lay.k, lay.kfull, lay.cluster) == (tpr, 8, 1, 1, 1), (n, lay)
     # Else narrower chunks over as many threads or up to twice as many, with dw's and db's sums
     # (1152 as 96 x 3 of 8 bytes, 1600 as 160 x 5 of 4); with one sum, RMSNorm's fused add takes
     # 8-byte chunks at one a thread (1152 as 288 x 1), RMSNorm's own keeps the masked rows.
     for n, shape in ((1152, (96, 4, 3)), (1600, (160, 2, 5))):
-        lay = Options(kernel=kernel, n=n, **extra).layout
+        lay = build(kernel=kernel, n=n, **extra).layout
         if "bdtype" in extra:
             assert (lay.tpr, lay.vec, lay.k, lay.kfull) == (*shape, shape[2]), (n, lay)
         elif n == 1152 and "has_dres_out" in extra:
@@ -382,7 +382,7 @@ def test_backward_short_rows_of_a_masked_chunk_split_evenly(kernel, extra):
     half = "has_dres_out" in extra and "bdtype" not in extra
     others = (dict(n=768, target="gfx950"), dict(n=768, tpr=64), dict(n=3520), dict(n=1920))
     for kw in others + ((dict(n=896),) if not half else ()):
-        lay = Options(kernel=kernel, **{**extra, **kw}).layout
+        lay = build(kernel=kernel, **{**extra, **kw}).layout
         assert lay.k != lay.kfull, (kw, lay)
 
 
@@ -392,7 +392,7 @@ def test_fused_add_backward_rows_take_half_width_chunks_where_the_slots_fill_lit
     # 128, 1664: 208 of 256); not fuller ones (1408: 176 of 192, 1920: 240 of 256), not without
     # d_residual_out, not with a bias (two sums: the narrow-chunk rule), not in f32, not on gfx950.
     def lay(n, **kw):
-        return Options(kernel="fused_add_rmsnorm_bwd", n=n, **{"has_dres_out": True, **kw}).layout
+        return build(kernel="fused_add_rmsnorm_bwd", n=n, **{"has_dres_out": True, **kw}).layout
 
     assert [(lay(n).tpr, lay(n).vec, lay(n).k) for n in (896, 1664)] == [(224, 4, 1), (416, 4, 1)]
     for n, kw in ((1408, {}), (1920, {}), (896, dict(has_dres_out=False)), (896, dict(target="gfx950"))):
@@ -408,7 +408,7 @@ def test_fused_add_backward_short_full_rows_take_one_chunk_a_thread():
     # not on gfx950 (not measured), not rows past 256 chunks (4096, streamed) or of several rows a
     # block (512).
     def lay(n, kernel="fused_add_rmsnorm_bwd", **kw):
-        return Options(kernel=kernel, n=n, **{"has_dres_out": True, **kw}).layout
+        return build(kernel=kernel, n=n, **{"has_dres_out": True, **kw}).layout
 
     assert [(lay(n).tpr, lay(n).k, lay(n).cache_row) for n in (1024, 1536, 2048)] == [(128, 1, True), (192, 1, True),
                                                                                       (256, 1, True)]
@@ -416,7 +416,7 @@ def test_fused_add_backward_short_full_rows_take_one_chunk_a_thread():
     for n, kw in ((2048, dict(has_dres_out=False)), (2048, dict(bdtype="bf16")), (2048, dict(target="gfx950")),
                   (2048, dict(kernel="layernorm_bwd", bdtype="f32")), (4096, {}), (512, {})):
         assert lay(n, **kw).k == 2, (n, kw)
-    assert Options(kernel="rmsnorm_bwd", n=2048).layout.k == 2
+    assert build(kernel="rmsnorm_bwd", n=2048).layout.k == 2
 
 
 def test_fused_layernorm_backward_over_6_or_7_warps_goes_to_4_blocks_of_4():
@@ -426,7 +426,7 @@ def test_fused_layernorm_backward_over_6_or_7_warps_goes_to_4_blocks_of_4():
     # threads, 2 blocks); not 5 warps (5120, 4608), not LayerNorm's own, not beside an fp32
     # weight, not without a bias, not on gfx950.
     def lay(n, **kw):
-        return Options(kernel="layernorm_bwd", n=n, **{"bdtype": "f32", "has_dres_out": True, **kw}).layout
+        return build(kernel="layernorm_bwd", n=n, **{"bdtype": "f32", "has_dres_out": True, **kw}).layout
 
     for n in (5632, 6144, 6656, 7168):
         got = lay(n, has_weight=False)
@@ -447,7 +447,7 @@ def test_layernorm_backward_halves_of_a_masked_chunk_go_to_one_block():
     # without a bias, not in f32 rows, not on gfx950; without a weight or beside an fp32 one, not
     # the shared sums.
     def lay(n, **kw):
-        return Options(kernel="layernorm_bwd", n=n, **{"bdtype": "f32", **kw}).layout
+        return build(kernel="layernorm_bwd", n=n, **{"bdtype": "f32", **kw}).layout
 
     def shape(got):
         return got.tpr, got.vec, got.k, got.cluster, got.cache_row, got.db_smem, got.min_blocks
@@ -467,7 +467,7 @@ def test_backward_rows_split_over_a_cluster_only_where_the_halves_are_even():
     # chunks, unless the row splits evenly in one block and its halves would not (2560, 3584);
     # the halves may then go to one block again (layout._one_block: 3072 as 192 x 2).
     def lay(n):
-        return Options(kernel="layernorm_bwd", n=n, bdtype="f32").layout
+        return build(kernel="layernorm_bwd", n=n, bdtype="f32").layout
 
     assert [(lay(n).tpr, lay(n).cluster) for n in (2560, 3584)] == [(160, 1), (224, 1)]
     assert [(lay(n).tpr, lay(n).cluster) for n in (4096, 5120)] == [(128, 2), (160, 2)]
@@ -481,16 +481,16 @@ def test_fused_add_long_rows_are_held_over_8_blocks_of_128():
     # add keep theirs, as do f32 rows, other lengths and gfx950 (no clusters).
     fused = dict(kernel="layernorm_fwd", bdtype="bf16", rdtype="bf16", store_residual=True)
     for n, k in ((32768, 4), (65536, 8)):
-        lay = Options(**fused, n=n).layout
+        lay = build(**fused, n=n).layout
         assert (lay.tpr, lay.cluster, lay.k, lay.kfull, lay.cache_row) == (128, 8, k, k, True)
-        assert Options(**fused, n=n, target="gfx950").layout.cluster == 1
-    assert not Options(kernel="layernorm_fwd", n=32768, bdtype="bf16").layout.cache_row
-    rms = Options(kernel="fused_add_rmsnorm_fwd", n=32768, rdtype="bf16", store_residual=True).layout
+        assert build(**fused, n=n, target="gfx950").layout.cluster == 1
+    assert not build(kernel="layernorm_fwd", n=32768, bdtype="bf16").layout.cache_row
+    rms = build(kernel="fused_add_rmsnorm_fwd", n=32768, rdtype="bf16", store_residual=True).layout
     assert (rms.tpr, rms.cluster, rms.cache_row) == (1024, 1, False)
-    f32 = Options(kernel="layernorm_fwd", n=65536, dtype="f32", bdtype="f32", rdtype="f32", store_residual=True).layout
+    f32 = build(kernel="layernorm_fwd", n=65536, dtype="f32", bdtype="f32", rdtype="f32", store_residual=True).layout
     assert (f32.tpr, f32.cluster) == (512, 4)
-    assert Options(**fused, n=16384).layout.cluster == 1  # 512 x 4 streamed
-    assert Options(**fused, n=49152).layout.cluster == 2  # 6 chunks a thread over 8: not taken
+    assert build(**fused, n=16384).layout.cluster == 1  # 512 x 4 streamed
+    assert build(**fused, n=49152).layout.cluster == 2  # 6 chunks a thread over 8: not taken
 
 
 def test_backward_in_one_block_with_the_slots_in_dynamic_shared_memory():
@@ -503,7 +503,7 @@ def test_backward_in_one_block_with_the_slots_in_dynamic_shared_memory():
     from normir.specialize import values_for
 
     def lay(n, **kw):
-        return Options(kernel="layernorm_bwd", n=n, **{"bdtype": "f32", **kw}).layout
+        return build(kernel="layernorm_bwd", n=n, **{"bdtype": "f32", **kw}).layout
 
     def shape(got):
         return got.tpr, got.cluster, got.k, got.cache_row, got.db_smem, got.min_blocks
@@ -516,19 +516,19 @@ def test_backward_in_one_block_with_the_slots_in_dynamic_shared_memory():
     assert (lay(8192).tpr, lay(8192).cluster) == (256, 2)
     for kw in (dict(wdtype="f32"), dict(target="gfx950")):
         assert lay(7168, **kw).cluster > 1 or lay(7168, **kw).tpr != 448, kw
-    v = values_for(Options(kernel="layernorm_bwd", n=7168, bdtype="f32"))
+    v = values_for(build(kernel="layernorm_bwd", n=7168, bdtype="f32"))
     assert v["SLOT_BUF"] == "index" and v["DB_IN_WORKGROUP"] == v["DW_IN_WORKGROUP"] == ""
     assert v["STAGE_PIECE"] == "common/stage_nvvm.mlir" and v["SLOTS_DYN_PIECE"] == "common/slots_dyn.mlir"
     assert "%db_slots_at = arith.constant 28672 : index" in v["SLOT_BASES"]
     assert v["SLOT_LOAD"].startswith("func.call @normir_slot_load(%buf, %k, %h, %tid)")
-    static = values_for(Options(kernel="layernorm_bwd", n=4096, bdtype="f32", db_smem=3))
+    static = values_for(build(kernel="layernorm_bwd", n=4096, bdtype="f32", db_smem=3))
     assert static["SLOT_BASES"] == "" and static["SLOT_LOAD"].startswith("vector.load %buf[%k, %h, %tid, %c0]")
     # Forced: the quarter slots may pass the static limit on NVIDIA, up to MAX_DYN_SLOT_BYTES; gfx950
     # (no dynamic base here) refuses past 40 KB, naming the limit.
     forced = lay(8192, tpr=512, cluster=1, cache_row=0, db_smem=3, min_blocks=2)
     assert forced.dyn_slots and forced.smem_bytes == 64 * 1024
     with pytest.raises(ValueError, match=r"db_smem=3 needs .* in at most 40960 bytes"):
-        assert Options(kernel="layernorm_bwd", n=8192, bdtype="f32", target="gfx950", tpr=512, cluster=1,
+        assert build(kernel="layernorm_bwd", n=8192, bdtype="f32", target="gfx950", tpr=512, cluster=1,
                        cache_row=0, db_smem=3).layout
     with pytest.raises(ValueError, match=r"db_smem=1 needs .* in at most 40960 bytes"):
         lay(16384, tpr=1024, cluster=1, cache_row=0, db_smem=1)  # db's [k][tid] slots stay static

@@ -14,7 +14,7 @@ from normir import specialize as SP
 from normir import targets
 from normir.kernels import KERNELS
 from normir.layout import HINT_KEEP, HINT_L1_FIRST, HINT_L1_KEEP, HINT_LAST_READ, HINT_STORES
-from normir.options import MAX_N, Options
+from normir.options import MAX_N, PROBLEM_FIELDS, Build, build
 from normir.specialize import specialize
 
 pytestmark = pytest.mark.cpu
@@ -53,55 +53,55 @@ pytestmark = pytest.mark.cpu
         (dict(tpr=48), r"^tpr=48 must be a power of two below the warp \(32\) or a multiple of it"),
         (dict(tpr=3), r"^tpr=3 must be"),
         (dict(tpr=96, target="gfx950"), r"^tpr=96 must be .* warp \(64\)"),
-        (dict(tpr=2048), r"^tpr=2048 must be .* at most 1024"),
+        (dict(tpr=2048), r"^tpr=2048: choose an int from 1 to 1024 \(threads per row\), or None"),
     ],
 )
 def test_options_rejects(kwargs, match):
     args = dict(kernel="rmsnorm_fwd", n=1024)
     args.update(kwargs)
     with pytest.raises(ValueError, match=match):
-        Options(**args)
+        build(**args)
 
 
 def test_options_rejects_negative_tpr():
     with pytest.raises(ValueError, match=r"^tpr=-32"):
-        Options(kernel="rmsnorm_fwd", n=1024, tpr=-32)
+        build(kernel="rmsnorm_fwd", n=1024, tpr=-32)
 
 
 def test_options_rejects_bool_n():
     with pytest.raises(ValueError, match=r"^n=True"):
-        Options(kernel="rmsnorm_fwd", n=True)
+        build(kernel="rmsnorm_fwd", n=True)
 
 
 def test_options_accepts_eps_bounds():
-    assert Options(kernel="rmsnorm_fwd", n=8, eps=O.FLT_MIN).eps == O.FLT_MIN
-    assert Options(kernel="rmsnorm_fwd", n=8, eps=1).eps == 1.0
-    assert Options(kernel="rmsnorm_fwd", n=1).n == 1
-    assert Options(kernel="rmsnorm_fwd", n=MAX_N, dtype="f32").n == MAX_N
+    assert build(kernel="rmsnorm_fwd", n=8, eps=O.FLT_MIN).eps == O.FLT_MIN
+    assert build(kernel="rmsnorm_fwd", n=8, eps=1).eps == 1.0
+    assert build(kernel="rmsnorm_fwd", n=1).n == 1
+    assert build(kernel="rmsnorm_fwd", n=MAX_N, dtype="f32").n == MAX_N
 
 
 def test_eps_rounded_to_float32():
-    o = Options(kernel="rmsnorm_fwd", n=1024, eps=1e-6)
+    o = build(kernel="rmsnorm_fwd", n=1024, eps=1e-6)
     assert o.eps != 1e-6
     assert o.eps == O.f32(1e-6) == 9.999999974752427e-07
     assert O.f32(o.eps) == o.eps
     # The same float32 from another double: the same binary.
-    assert Options(kernel="rmsnorm_fwd", n=1024, eps=1e-6 + 1e-20).digest() == o.digest()
+    assert build(kernel="rmsnorm_fwd", n=1024, eps=1e-6 + 1e-20).digest() == o.digest()
     assert SP.mlir_f32(o.eps) == "9.999999975e-07"
 
 
 def test_vec_defaults_to_widest_and_normalizes_key():
-    widest = Options(kernel="rmsnorm_fwd", n=1024)
+    widest = build(kernel="rmsnorm_fwd", n=1024)
     assert widest.vec == 8
-    assert Options(kernel="rmsnorm_fwd", n=1024, vec=8).digest() == widest.digest()
-    assert Options(kernel="rmsnorm_fwd", n=1024, vec=4).layout.vec == 4
-    assert Options(kernel="rmsnorm_fwd", n=1024, dtype="f32").vec == 4
-    assert Options(kernel="rmsnorm_fwd", n=100).vec == 4
-    assert Options(kernel="rmsnorm_fwd", n=2880, dtype="f16", vec=1).layout.nchunk == 2880
+    assert build(kernel="rmsnorm_fwd", n=1024, vec=8).digest() == widest.digest()
+    assert build(kernel="rmsnorm_fwd", n=1024, vec=4).layout.vec == 4
+    assert build(kernel="rmsnorm_fwd", n=1024, dtype="f32").vec == 4
+    assert build(kernel="rmsnorm_fwd", n=100).vec == 4
+    assert build(kernel="rmsnorm_fwd", n=2880, dtype="f16", vec=1).layout.nchunk == 2880
 
 
 def test_options_frozen():
-    o = Options(kernel="rmsnorm_fwd", n=1024)
+    o = build(kernel="rmsnorm_fwd", n=1024)
     with pytest.raises(dataclasses.FrozenInstanceError):
         o.n = 2048  # type: ignore[misc]
 
@@ -111,46 +111,53 @@ def test_options_frozen():
 
 def test_key_string_is_stable_text():
     # Part of every cache key: a change here invalidates every AOT folder, so make it on purpose.
-    o = Options(kernel="rmsnorm_fwd", n=4096)
+    # The problem's fields, then every field of the layout decided (not the knobs forced).
+    o = build(kernel="rmsnorm_fwd", n=4096)
     assert o.key_string() == (
         "kernel='rmsnorm_fwd';n=4096;dtype='bf16';wdtype='bf16';eps=9.999999974752427e-07;target='sm_90';"
         "has_weight=True;store_rstd=False;vec=8;atomic_dw=False;rdtype='';sdtype='';odtype='';xdtype='';gdtype='';"
-        "bdtype='';store_residual=False;has_dres_out=False;weight_offset=0.0;tpr=0;cluster=0;l2_prefetch=-1;stage=-1;"
-        "min_blocks=0;max_regs=0;hints=-1;overlap=-1;cache_row=-1;batch_reload=-1;db_smem=-1;two_pass=-1;cast_words=-1;"
-        "stage_dres=-1"
+        "bdtype='';store_residual=False;has_dres_out=False;weight_offset=0.0|vec=8;tpr=256;rows=1;k=2;kfull=2;"
+        "nchunk=512;cache_row=False;warp=32;prefetch_w=False;batch_reload=False;dw_regs=False;cluster=1;"
+        "l2_prefetch=False;stage=False;stage_buffers=0;min_blocks=0;max_regs=0;hints=21;overlap=0;db_smem=0;"
+        "cast_words=False;two_pass=False;stage_dres=False"
     )
     assert o.digest() == hashlib.sha256(o.key_string().encode()).hexdigest()
-    assert o.digest() == "6a135b8e75b92a5c5d0d1a27cbf2970c58ad9204af0dbe67f537537b4ed16861"
-    assert "layout" not in o.key_string()
+    assert o.digest() == "907752b62a7a2e990869cb5aec855b063768a716b242293eae34c2a0837e5e4a"
 
 
 _ALTERNATIVES = dict(kernel="rmsnorm_bwd", n=2048, dtype="f16", wdtype="f32", eps=1e-5, target="gfx950",
-                     has_weight=False, store_rstd=True, vec=4, atomic_dw=True, tpr=256, cluster=2,
-                     l2_prefetch=0, stage=0, min_blocks=2, max_regs=64, hints=0, overlap=0, cache_row=0, batch_reload=0,
-                     db_smem=0, cast_words=0, two_pass=0, stage_dres=0,
+                     has_weight=False, store_rstd=True, vec=4, atomic_dw=True,
                      rdtype="f32", sdtype="f32", odtype="f32", xdtype="f32", bdtype="f32", store_residual=True,
                      has_dres_out=True, weight_offset=1.0, gdtype="f32")
 # The kernel each field is tried on (one that takes it), and the fields it needs set beside it.
-_BASES = {"cache_row": dict(kernel="rmsnorm_bwd"), "max_regs": dict(kernel="rmsnorm_bwd"),
-          "xdtype": dict(kernel="fused_add_rmsnorm_bwd"),
+_BASES = {"xdtype": dict(kernel="fused_add_rmsnorm_bwd"),
           "has_dres_out": dict(kernel="fused_add_rmsnorm_bwd"),
           "gdtype": dict(kernel="fused_add_rmsnorm_bwd", has_dres_out=True),
           **{f: dict(kernel="fused_add_rmsnorm_fwd", rdtype="bf16") for f in ("sdtype", "store_residual")},
           **{f: dict(kernel="fused_add_rmsnorm_fwd") for f in ("rdtype", "odtype", "bdtype", "weight_offset")}}
 
 
-def test_alternatives_cover_every_key_field():
-    assert set(_ALTERNATIVES) == {f.name for f in dataclasses.fields(Options) if f.compare}
+def test_alternatives_cover_every_problem_field():
+    assert set(_ALTERNATIVES) == set(PROBLEM_FIELDS)
 
 
 @pytest.mark.parametrize("name", sorted(_ALTERNATIVES))
-def test_digest_differs_per_field(name):
-    base = Options(**{"kernel": "rmsnorm_fwd", **_BASES.get(name, {})}, n=4096)
-    other = Options(**{**{f.name: getattr(base, f.name) for f in dataclasses.fields(Options) if f.init},
-                       name: _ALTERNATIVES[name]})
+def test_digest_differs_per_problem_field(name):
+    base = build(**{"kernel": "rmsnorm_fwd", **_BASES.get(name, {})}, n=4096)
+    other = build(**{**{f: getattr(base.problem, f) for f in PROBLEM_FIELDS}, name: _ALTERNATIVES[name]})
     assert other.key_string() != base.key_string()
     assert other.digest() != base.digest()
     assert other != base
+
+
+@pytest.mark.parametrize("knob, value", [("tpr", 128), ("tpr", 256), ("cache_row", 0), ("cache_row", 1),
+                                         ("hints", 0), ("hints", 21), ("stage", 1), ("l2_prefetch", 0)])
+def test_a_knob_moves_the_key_where_it_moves_the_layout(knob, value):
+    # The key holds the layout decided, not the knobs: a knob forced to the policy's own choice
+    # makes the same binary; one that changes the layout, another.
+    base = build(kernel="rmsnorm_bwd", n=4096)
+    other = build(kernel="rmsnorm_bwd", n=4096, **{knob: value})
+    assert (other.key_string() == base.key_string()) == (other.layout == base.layout)
 
 
 # ---------------------------------------------------------------------------- layouts
@@ -220,7 +227,7 @@ def _features(lay: S.Layout, backward: bool = False) -> set[str]:
     return f
 
 
-def _check_invariants(o: Options) -> None:
+def _check_invariants(o: Build) -> None:
     lay, n, eb = o.layout, o.n, S.DTYPES[o.dtype]
     tgt = targets.get(o.target)
     assert lay.warp == tgt.warp
@@ -252,7 +259,7 @@ def _check_invariants(o: Options) -> None:
 
 
 def _layout(kernel: str, target: str, n: int, dtype: str) -> S.Layout:
-    o = Options(kernel=kernel, n=n, dtype=dtype, wdtype=dtype, target=target)
+    o = build(kernel=kernel, n=n, dtype=dtype, wdtype=dtype, target=target)
     _check_invariants(o)
     return o.layout
 
@@ -314,15 +321,15 @@ def test_forced_tpr(kernel, target):
             nchunk = n // S.max_vec(n, 2)
             if tpr > nchunk:  # threads without a chunk: refused (see layout._forced)
                 with pytest.raises(ValueError, match=rf"^tpr={tpr} leaves threads without a chunk: .* {nchunk} chunks"):
-                    Options(kernel=kernel, n=n, target=target, tpr=tpr)
+                    build(kernel=kernel, n=n, target=target, tpr=tpr)
                 continue
-            o = Options(kernel=kernel, n=n, target=target, tpr=tpr)
+            o = build(kernel=kernel, n=n, target=target, tpr=tpr)
             assert o.layout.tpr == tpr
             assert (o.layout.rows > 1) == (tpr <= warp)
             assert o.layout.cluster == 1 or tpr > warp
             _check_invariants(o)
     # The default and an explicit tpr are different binaries.
-    assert Options(kernel=kernel, n=4096, tpr=256).digest() != Options(kernel=kernel, n=4096).digest()
+    assert build(kernel=kernel, n=4096, tpr=128).digest() != build(kernel=kernel, n=4096).digest()
 
 
 @pytest.mark.parametrize("kernel", ["rmsnorm_fwd", "rmsnorm_bwd"])
@@ -333,23 +340,23 @@ def test_layout_invariants_sweep(kernel, target):
                  8191, 12288, 32767, 32768, 100000, 131072, 262143, MAX_N})
     for dt in S.DTYPES:
         for n in ns:
-            _check_invariants(Options(kernel=kernel, n=n, dtype=dt, wdtype=dt, target=target))
+            _check_invariants(build(kernel=kernel, n=n, dtype=dt, wdtype=dt, target=target))
 
 
 @pytest.mark.parametrize("kernel", ["rmsnorm_fwd", "rmsnorm_bwd"])
 def test_forced_cluster(kernel):
     for n, dt in ((5760, "bf16"), (5120, "f32"), (65536, "bf16"), (MAX_N, "f16")):
         for c in (1, 2, 4, 8):
-            o = Options(kernel=kernel, n=n, dtype=dt, wdtype=dt, cluster=c)
+            o = build(kernel=kernel, n=n, dtype=dt, wdtype=dt, cluster=c)
             assert o.layout.cluster == c and o.layout.nsub == n // c
             _check_invariants(o)
-    assert Options(kernel=kernel, n=4096, cluster=2).digest() != Options(kernel=kernel, n=4096).digest()
+    assert build(kernel=kernel, n=4096, cluster=2).digest() != build(kernel=kernel, n=4096).digest()
     # Past the portable 8 blocks: 16 where the target allows a non-portable size (sm_90), forced only.
-    o = Options(kernel=kernel, n=65536, cluster=16)
+    o = build(kernel=kernel, n=65536, cluster=16)
     assert o.layout.cluster == 16 and o.layout.nsub == 4096
     _check_invariants(o)
-    for bad, msg in ((dict(cluster=3), r"^cluster=3 must be a power of two, at most 16 on sm_90 \(8 portable"),
-                     (dict(cluster=32, n=65536), r"^cluster=32 must be a power of two, at most 16"),
+    for bad, msg in ((dict(cluster=3), r"^cluster=3: choose one of 1, 2, 4, 8, 16"),
+                     (dict(cluster=32, n=65536), r"^cluster=32: choose one of 1, 2, 4, 8, 16"),
                      (dict(cluster=16, target="sm_80"), r"^cluster=16: sm_80 has no thread-block clusters"),
                      (dict(cluster=2, target="gfx950"), r"^cluster=2: gfx950 has no thread-block clusters"),
                      (dict(cluster=2, target="sm_80"), r"^cluster=2: sm_80 has no"),
@@ -357,27 +364,27 @@ def test_forced_cluster(kernel):
                      (dict(n=1024, cluster=8), r"^cluster=8 leaves each block 128 columns"),
                      (dict(n=4096, cluster=2, tpr=16), r"^cluster=2 leaves each block 2048 columns")):
         with pytest.raises(ValueError, match=msg):
-            Options(kernel=kernel, **{"n": 4096, **bad})
+            build(kernel=kernel, **{"n": 4096, **bad})
 
 
 def test_l2_prefetch_policy():
     # On for the backward's one-row blocks that are not staged (NVIDIA), off for the forward;
     # the flag can be forced either way where the target has the instruction.
-    assert Options(kernel="rmsnorm_bwd", n=32768).layout.l2_prefetch
-    assert Options(kernel="rmsnorm_bwd", n=8192, stage=0).layout.l2_prefetch
-    assert not Options(kernel="rmsnorm_bwd", n=8192).layout.l2_prefetch  # staged instead
-    assert not Options(kernel="rmsnorm_fwd", n=8192).layout.l2_prefetch
-    assert not Options(kernel="rmsnorm_bwd", n=64).layout.l2_prefetch  # several rows per block
-    assert not Options(kernel="rmsnorm_fwd", n=8192, l2_prefetch=0).layout.l2_prefetch
-    assert Options(kernel="rmsnorm_bwd", n=64, l2_prefetch=1).layout.l2_prefetch
-    assert not Options(kernel="rmsnorm_bwd", n=8192, target="gfx950").layout.l2_prefetch
-    assert not Options(kernel="rmsnorm_dw_reduce", n=8192, dtype="f32").layout.l2_prefetch
+    assert build(kernel="rmsnorm_bwd", n=32768).layout.l2_prefetch
+    assert build(kernel="rmsnorm_bwd", n=8192, stage=0).layout.l2_prefetch
+    assert not build(kernel="rmsnorm_bwd", n=8192).layout.l2_prefetch  # staged instead
+    assert not build(kernel="rmsnorm_fwd", n=8192).layout.l2_prefetch
+    assert not build(kernel="rmsnorm_bwd", n=64).layout.l2_prefetch  # several rows per block
+    assert not build(kernel="rmsnorm_fwd", n=8192, l2_prefetch=0).layout.l2_prefetch
+    assert build(kernel="rmsnorm_bwd", n=64, l2_prefetch=1).layout.l2_prefetch
+    assert not build(kernel="rmsnorm_bwd", n=8192, target="gfx950").layout.l2_prefetch
+    assert not build(kernel="rmsnorm_dw_reduce", n=8192, dtype="f32").layout.l2_prefetch
     with pytest.raises(ValueError, match=r"^l2_prefetch=1: gfx950 has no L2 prefetch instruction"):
-        Options(kernel="rmsnorm_bwd", n=8192, target="gfx950", l2_prefetch=1)
+        build(kernel="rmsnorm_bwd", n=8192, target="gfx950", l2_prefetch=1)
     with pytest.raises(ValueError, match=r"^l2_prefetch=1: rmsnorm_fwd \(a block per row group\) has no L2 prefetch"):
-        Options(kernel="rmsnorm_fwd", n=8192, l2_prefetch=1)
-    with pytest.raises(ValueError, match=r"^l2_prefetch=2: choose 1 \(on\), 0 \(off\) or -1"):
-        Options(kernel="rmsnorm_fwd", n=8192, l2_prefetch=2)
+        build(kernel="rmsnorm_fwd", n=8192, l2_prefetch=1)
+    with pytest.raises(ValueError, match=r"^l2_prefetch=2: choose one of 0, 1 "):
+        build(kernel="rmsnorm_fwd", n=8192, l2_prefetch=2)
 
 
 def test_hint_policy():
@@ -385,7 +392,7 @@ def test_hint_policy():
     # ask L1 to keep what they load, or with a cluster store hints; the forward's streamed rows
     # their L2 and L1 load hints; nothing else.
     def hints(kernel="rmsnorm_bwd", **kw):
-        return Options(kernel=kernel, **{"n": 4096, **kw}).layout.hints
+        return build(kernel=kernel, **{"n": 4096, **kw}).layout.hints
 
     assert hints() == hints(n=2880) == hints(n=14336) == hints(n=16384, stage=0) == \
         HINT_LAST_READ | HINT_STORES | HINT_L1_KEEP == 19
@@ -396,7 +403,7 @@ def test_hint_policy():
     assert hints(n=16384, stage=1) == 0
     # Without a weight, rows held in registers get them too, unless staged or split over a cluster.
     assert hints(has_weight=False) == hints(n=1024, has_weight=False) == hints(n=2880, has_weight=False) == 19
-    assert Options(kernel="rmsnorm_bwd", n=2880, has_weight=False).layout.cache_row
+    assert build(kernel="rmsnorm_bwd", n=2880, has_weight=False).layout.cache_row
     assert hints(n=8192, has_weight=False) == 0 and hints(n=32768, has_weight=False) == HINT_STORES
     # The forward: rows of 128-4096 chunks are streamed, pass 1 keeping its lines and pass 2's
     # reads evicting them first from L2, both keeping them in L1, except that rows of 4 chunks per
@@ -410,33 +417,33 @@ def test_hint_policy():
     assert hints(target="gfx950") == hints(vec=4) == hints(n=4095) == 0  # no hints there
     assert hints(hints=0) == 0 and hints(n=8192, hints=7) == 7 and hints(n=8192, hints=55) == 55
     with pytest.raises(ValueError, match=r"^hints=3: rmsnorm_bwd on gfx950 has no L2 eviction hints for 16-byte"):
-        Options(kernel="rmsnorm_bwd", n=4096, target="gfx950", hints=3)
+        build(kernel="rmsnorm_bwd", n=4096, target="gfx950", hints=3)
     with pytest.raises(ValueError, match=r"^hints=1: rmsnorm_fwd on sm_90 has no L2 eviction hints for 8-byte"):
-        Options(kernel="rmsnorm_fwd", n=4096, vec=4, hints=1)
+        build(kernel="rmsnorm_fwd", n=4096, vec=4, hints=1)
     for bad in (56, 128, -2, True, 1.0):
-        with pytest.raises(ValueError, match=r"^hints=.* choose -1 \(the policy's\), 0 \(none\), or a sum of"):
-            Options(kernel="rmsnorm_fwd", n=4096, hints=bad)
+        with pytest.raises(ValueError, match=r"^hints=.*: choose an int from 0 to 55 \(cache hints, a sum of"):
+            build(kernel="rmsnorm_fwd", n=4096, hints=bad)
     for bad in (8, 15, 40):  # the pruned bits 8 (coherent loads) and 64 (.L2::256B) are not hints
         with pytest.raises(ValueError, match=rf"^hints={bad}: bits 8 are not hints"):
-            Options(kernel="rmsnorm_fwd", n=4096, hints=bad)
+            build(kernel="rmsnorm_fwd", n=4096, hints=bad)
     with pytest.raises(ValueError, match=r"^hints=1: rmsnorm_dw_reduce has a fixed layout"):
-        Options(kernel="rmsnorm_dw_reduce", n=4096, dtype="f32", hints=1)
+        build(kernel="rmsnorm_dw_reduce", n=4096, dtype="f32", hints=1)
 
 
 def test_l1_qualifier_of_last_reads():
     # Bit 32 gives the forward's last reads .L1::evict_first; without it they take the other
     # loads' qualifier (.L1::evict_last with bit 16, none without); the backward never uses it.
     def loads(kernel="rmsnorm_fwd", tensor="x", **kw):  # x's hinted load function in the text
-        text = specialize(Options(kernel=kernel, **{"n": 4096, "tpr": 256, "cache_row": 0, **kw}))
+        text = specialize(build(kernel=kernel, **{"n": 4096, "tpr": 256, "cache_row": 0, **kw}))
         return text[text.index(f"@normir_ld_hint_{tensor}("):text.index(f"@normir_st_hint_{tensor}(")]
 
     assert loads(hints=53).count("ld.global.nc.L1::evict_first.L2") == 1
     assert loads(hints=53).count("ld.global.nc.L1::evict_last.L2") == 1
     assert loads(hints=21).count("ld.global.nc.L1::evict_last.L2") == 2 and "evict_first.L2" not in loads(hints=21)
     assert loads(hints=5).count("ld.global.nc.L2::cache_hint") == 2
-    bwd = specialize(Options(kernel="rmsnorm_bwd", n=2880, has_weight=False, hints=19))
+    bwd = specialize(build(kernel="rmsnorm_bwd", n=2880, has_weight=False, hints=19))
     for t in ("x", "dy"):
-        assert loads("rmsnorm_bwd", t, n=2880, tpr=0, cache_row=-1, has_weight=False, hints=19).count(
+        assert loads("rmsnorm_bwd", t, n=2880, tpr=None, cache_row=None, has_weight=False, hints=19).count(
             "ld.global.nc.L1::evict_last.L2::cache_hint.v4") == 2
     assert "st.global.L2::cache_hint.v4" in bwd
 
@@ -446,24 +453,24 @@ def test_forward_batch_reload():
     # types) batch pass 2's loads; 2-chunk rows (8192), 1024 threads (32768) and held rows do not.
     # Its blocks sum one row each: row_sum's trailing barrier is left out (kept in persistent grids).
     def lay(**kw):
-        return Options(kernel="rmsnorm_fwd", **kw).layout
+        return build(kernel="rmsnorm_fwd", **kw).layout
 
     assert lay(n=16384).batch_reload and lay(n=12288).batch_reload and lay(n=8192, dtype="f32", wdtype="f32").batch_reload
     assert not (lay(n=8192).batch_reload or lay(n=32768).batch_reload or lay(n=65536).batch_reload)
     assert not lay(n=16384, tpr=512, cache_row=0, hints=53).batch_reload  # forced layouts: not the policy's
-    values = SP.common_values(Options(kernel="rmsnorm_fwd", n=16384))
+    values = SP.common_values(build(kernel="rmsnorm_fwd", n=16384))
     assert values["BATCH_RELOAD"] == "true" and values["RED_REUSED"] == "false"
-    assert SP.common_values(Options(kernel="rmsnorm_fwd", n=8192))["BATCH_RELOAD"] == "false"
-    assert SP.common_values(Options(kernel="rmsnorm_bwd", n=8192))["RED_REUSED"] == "true"
+    assert SP.common_values(build(kernel="rmsnorm_fwd", n=8192))["BATCH_RELOAD"] == "false"
+    assert SP.common_values(build(kernel="rmsnorm_bwd", n=8192))["RED_REUSED"] == "true"
     # The knob: forced on a streamed forward row, off on the policy's, refused where rows are held.
     assert lay(n=8192, tpr=256, cache_row=0, hints=53, batch_reload=1).batch_reload
     assert not lay(n=16384, batch_reload=0).batch_reload
     for bad, why in ((dict(n=65536), "holds them in registers"), (dict(n=4096, cache_row=1), "holds them"),
                      (dict(kernel="rmsnorm_bwd", n=4096), "rmsnorm_bwd has no such pass")):
         with pytest.raises(ValueError, match=f"^batch_reload=1 .*{why}"):
-            Options(**{"kernel": "rmsnorm_fwd", **bad, "batch_reload": 1})
-    with pytest.raises(ValueError, match=r"^batch_reload=2: choose 1"):
-        Options(kernel="rmsnorm_fwd", n=4096, batch_reload=2)
+            build(**{"kernel": "rmsnorm_fwd", **bad, "batch_reload": 1})
+    with pytest.raises(ValueError, match=r"^batch_reload=2: choose one of 0, 1 "):
+        build(kernel="rmsnorm_fwd", n=4096, batch_reload=2)
 
 
 def test_nvidia_forward_row_shapes():
@@ -471,30 +478,30 @@ def test_nvidia_forward_row_shapes():
     # cluster of 4 blocks of 256 threads capped at 64 registers (4 blocks to a multiprocessor,
     # the weight not held) where the target has clusters, else 16 per thread in one block, unless
     # an option that needs 16-byte chunks (staging, hints) or a layout is forced.
-    lay = Options(kernel="rmsnorm_fwd", n=65536).layout
+    lay = build(kernel="rmsnorm_fwd", n=65536).layout
     assert (lay.tpr, lay.cluster, lay.vec, lay.k, lay.kfull, lay.min_blocks) == (256, 4, 4, 16, 16, 4)
     assert lay.cache_row and not lay.prefetch_w
-    assert "minctasm = 4" in SP.common_values(Options(kernel="rmsnorm_fwd", n=65536))["KERNEL_ATTRS"]
-    assert Options(kernel="rmsnorm_fwd", n=65536, min_blocks=2).layout.min_blocks == 2  # forced
-    for one_block in (Options(kernel="rmsnorm_fwd", n=65536, cluster=1).layout,
-                      Options(kernel="rmsnorm_fwd", n=65536, target="sm_80").layout):
+    assert "minctasm = 4" in SP.common_values(build(kernel="rmsnorm_fwd", n=65536))["KERNEL_ATTRS"]
+    assert build(kernel="rmsnorm_fwd", n=65536, min_blocks=2).layout.min_blocks == 2  # forced
+    for one_block in (build(kernel="rmsnorm_fwd", n=65536, cluster=1).layout,
+                      build(kernel="rmsnorm_fwd", n=65536, target="sm_80").layout):
         assert (one_block.tpr, one_block.cluster, one_block.vec, one_block.k, one_block.min_blocks) == (1024, 1, 4, 16, 0)
     for forced in (dict(hints=2), dict(tpr=1024)):
-        assert Options(kernel="rmsnorm_fwd", n=65536, **forced).layout.vec == 8
-    assert Options(kernel="rmsnorm_fwd", n=65536, target="gfx950").layout.vec == 8
+        assert build(kernel="rmsnorm_fwd", n=65536, **forced).layout.vec == 8
+    assert build(kernel="rmsnorm_fwd", n=65536, target="gfx950").layout.vec == 8
     # Only bf16 rows in 16-byte chunks narrow (as measured): not f16 or f32 rows of the same shape,
     # nor a bf16 row whose pointers already allow only 8 bytes.
-    assert Options(kernel="rmsnorm_fwd", n=32768, dtype="f16", wdtype="f16", vec=4).layout.vec == 4
-    assert Options(kernel="rmsnorm_fwd", n=32768, dtype="f32", wdtype="f32").layout.vec == 4
-    assert Options(kernel="rmsnorm_fwd", n=65536, vec=4).layout.vec == 4
-    assert Options(kernel="rmsnorm_fwd", n=32768).layout.vec == 8
-    assert Options(kernel="rmsnorm_bwd", n=65536).layout.vec == 8
+    assert build(kernel="rmsnorm_fwd", n=32768, dtype="f16", wdtype="f16", vec=4).layout.vec == 4
+    assert build(kernel="rmsnorm_fwd", n=32768, dtype="f32", wdtype="f32").layout.vec == 4
+    assert build(kernel="rmsnorm_fwd", n=65536, vec=4).layout.vec == 4
+    assert build(kernel="rmsnorm_fwd", n=32768).layout.vec == 8
+    assert build(kernel="rmsnorm_bwd", n=65536).layout.vec == 8
     # N=1024 in 16-bit types (exactly 4 chunks per lane of a warp): a block of 2 warps, 2 chunks
     # each, one row per block; AMDGPU keeps several rows per block there.
-    lay = Options(kernel="rmsnorm_fwd", n=1024).layout
+    lay = build(kernel="rmsnorm_fwd", n=1024).layout
     assert (lay.tpr, lay.rows, lay.k) == (64, 1, 2)
-    assert Options(kernel="rmsnorm_fwd", n=512).layout.rows == 16
-    amd = Options(kernel="rmsnorm_fwd", n=2048, target="gfx950").layout
+    assert build(kernel="rmsnorm_fwd", n=512).layout.rows == 16
+    amd = build(kernel="rmsnorm_fwd", n=2048, target="gfx950").layout
     assert (amd.tpr, amd.rows, amd.k) == (64, 4, 4)
 
 
@@ -502,13 +509,13 @@ def test_cluster_exchange_by_pushes():
     # Rows split over a cluster exchange their totals by pushes (st.async + mbarriers); rows in one
     # block have no exchange at all, and no cluster barrier is left in any kernel.
     def spliced(**kw):  # (pushes, the cluster barrier's arrive) in the kernel text
-        text = SP.specialize(Options(kernel="rmsnorm_bwd", **{"n": 32768, **kw}))
+        text = SP.specialize(build(kernel="rmsnorm_bwd", **{"n": 32768, **kw}))
         return "st.async" in text, "nvvm.cluster.arrive\n" in text
 
     assert spliced() == (True, False)
     assert spliced(n=4096) == (False, False)
     assert spliced(target="gfx950") == (False, False)
-    text = SP.specialize(Options(kernel="rmsnorm_fwd", n=65536))
+    text = SP.specialize(build(kernel="rmsnorm_fwd", n=65536))
     assert "st.async" in text and "nvvm.cluster.arrive\n" not in text
 
 
@@ -517,7 +524,7 @@ def test_overlap_policy():
     # chunks between posting the block's total and waiting for the peers'; nothing else does by
     # default.
     def overlap(**kw):
-        return Options(kernel="rmsnorm_bwd", **{"n": 32768, **kw}).layout.overlap
+        return build(kernel="rmsnorm_bwd", **{"n": 32768, **kw}).layout.overlap
 
     assert overlap() == overlap(n=65536) == overlap(dtype="f16", wdtype="f16") == 2
     assert overlap(n=16384) == overlap(n=4096) == 0  # one block per row
@@ -525,23 +532,23 @@ def test_overlap_policy():
     assert overlap(target="gfx950") == 0
     assert overlap(overlap=0) == 0 and overlap(overlap=4) == 4
     with pytest.raises(ValueError, match=r"^overlap=2 needs a persistent kernel \(a backward\) with rows split over"):
-        Options(kernel="rmsnorm_bwd", n=16384, overlap=2)
-    with pytest.raises(ValueError, match=r"^overlap=5: choose -1 \(the policy's\), 0 \(none\) or a chunk count up to K=4"):
-        Options(kernel="rmsnorm_bwd", n=32768, overlap=5)
+        build(kernel="rmsnorm_bwd", n=16384, overlap=2)
+    with pytest.raises(ValueError, match=r"^overlap=5: choose None \(the policy's\), 0 \(none\) or a chunk count up to K=4"):
+        build(kernel="rmsnorm_bwd", n=32768, overlap=5)
     # A forward with its rows held: pass 2's first chunks of w and b loaded before the reductions.
-    fwd = Options(kernel="rmsnorm_fwd", n=65536, dtype="f32", wdtype="f32", overlap=1).layout
+    fwd = build(kernel="rmsnorm_fwd", n=65536, dtype="f32", wdtype="f32", overlap=1).layout
     assert fwd.cache_row and fwd.overlap == 1
-    assert Options(kernel="rmsnorm_fwd", n=65536, has_weight=False, overlap=1).layout.overlap == 0  # nothing to load
+    assert build(kernel="rmsnorm_fwd", n=65536, has_weight=False, overlap=1).layout.overlap == 0  # nothing to load
     with pytest.raises(ValueError, match=r"^overlap=1: a forward loads pass 2's chunks of w and b early only where "
                                          r"its rows are held in registers \(N=4096 here: read again\)"):
-        Options(kernel="rmsnorm_fwd", n=4096, overlap=1)
+        build(kernel="rmsnorm_fwd", n=4096, overlap=1)
     # The forwards' policy: 2 where rows are held over a cluster in 8+ chunks, blocks of <= 512
     # threads, 16-bit x, w and b (LayerNorm's 65536: 256 x 4 of 16 chunks; its fused add's: 128 x 8 of 8).
     def fwd_overlap(**kw):
-        return Options(**{"kernel": "layernorm_fwd", "n": 65536, "bdtype": "bf16", **kw}).layout.overlap
+        return build(**{"kernel": "layernorm_fwd", "n": 65536, "bdtype": "bf16", **kw}).layout.overlap
 
     assert fwd_overlap() == fwd_overlap(rdtype="bf16", store_residual=True) == fwd_overlap(bdtype="") == 2
-    assert Options(kernel="rmsnorm_fwd", n=65536).layout.overlap == 2
+    assert build(kernel="rmsnorm_fwd", n=65536).layout.overlap == 2
     assert fwd_overlap(dtype="f32", wdtype="f32", bdtype="f32") == 0  # fp32 rows spilled with it
     assert fwd_overlap(wdtype="f32", bdtype="f32") == 0  # fp32 w and b spilled with it
     assert fwd_overlap(n=131072) == 0  # 1024-thread blocks spilled with it
@@ -553,27 +560,27 @@ def test_no_weight_policy():
     # Without a weight (no dw sums): 2-chunk rows held in registers, 4-chunk rows of one block
     # staged whatever their size, rows over a cluster with all of pass 2 inside the barrier.
     def lay(n, **kw):
-        return Options(kernel="rmsnorm_bwd", n=n, has_weight=False, **kw).layout
+        return build(kernel="rmsnorm_bwd", n=n, has_weight=False, **kw).layout
 
-    assert lay(2880).cache_row and lay(4096).cache_row and not Options(kernel="rmsnorm_bwd", n=4096).layout.cache_row
-    assert lay(8192).stage and lay(14336).stage and not Options(kernel="rmsnorm_bwd", n=14336).layout.stage
+    assert lay(2880).cache_row and lay(4096).cache_row and not build(kernel="rmsnorm_bwd", n=4096).layout.cache_row
+    assert lay(8192).stage and lay(14336).stage and not build(kernel="rmsnorm_bwd", n=14336).layout.stage
     assert lay(32768).overlap == lay(65536).overlap == 4 and not lay(32768).cache_row
     assert not lay(16384, target="gfx950").stage  # no asynchronous copies there
     # gfx950, 16-bit N=65536: 32 chunks per thread, where LLVM keeps the loops rolled (no scratch).
-    assert lay(65536, target="gfx950").k == 32 and Options(kernel="rmsnorm_bwd", n=65536, target="gfx950").layout.k == 16
+    assert lay(65536, target="gfx950").k == 32 and build(kernel="rmsnorm_bwd", n=65536, target="gfx950").layout.k == 16
     # Forced choices win, and a forced stage or overlap keeps the row re-read.
     assert not lay(4096, cache_row=0).cache_row and lay(16384, cache_row=1).cache_row
     assert lay(4096, stage=1).stage and not lay(4096, stage=1).cache_row
-    assert Options(kernel="rmsnorm_bwd", n=4096, cache_row=1).layout.cache_row
-    with pytest.raises(ValueError, match=r"^cache_row=2: choose 1"):
-        Options(kernel="rmsnorm_bwd", n=4096, cache_row=2)
+    assert build(kernel="rmsnorm_bwd", n=4096, cache_row=1).layout.cache_row
+    with pytest.raises(ValueError, match=r"^cache_row=2: choose one of 0, 1 "):
+        build(kernel="rmsnorm_bwd", n=4096, cache_row=2)
     # The forward takes it too: 0 streams any row, 1 needs a row that fits the registers.
-    assert Options(kernel="rmsnorm_fwd", n=4096, cache_row=1).layout.cache_row
-    assert not Options(kernel="rmsnorm_fwd", n=65536, cache_row=0).layout.cache_row
+    assert build(kernel="rmsnorm_fwd", n=4096, cache_row=1).layout.cache_row
+    assert not build(kernel="rmsnorm_fwd", n=65536, cache_row=0).layout.cache_row
     with pytest.raises(ValueError, match=r"^cache_row=1: a row of N=1048576 .* does not fit the registers of sm_90"):
-        Options(kernel="rmsnorm_fwd", n=MAX_N, dtype="f32", wdtype="f32", cache_row=1)
+        build(kernel="rmsnorm_fwd", n=MAX_N, dtype="f32", wdtype="f32", cache_row=1)
     with pytest.raises(ValueError, match=r"^cache_row=1: rmsnorm_dw_reduce has a fixed layout"):
-        Options(kernel="rmsnorm_dw_reduce", n=4096, dtype="f32", cache_row=1)
+        build(kernel="rmsnorm_dw_reduce", n=4096, dtype="f32", cache_row=1)
 
 
 @pytest.mark.parametrize("name", ("l2_prefetch", "stage", "min_blocks", "max_regs", "hints", "overlap", "cache_row"))
@@ -581,24 +588,24 @@ def test_knobs_reject_bools_and_floats(name):
     # True would pass for 1 and 1.0 compare equal to 1: both are refused, naming the knob.
     for bad in (True, 1.0, "1"):
         with pytest.raises(ValueError, match=rf"^{name}={bad!r}: "):
-            Options(kernel="rmsnorm_bwd", n=32768, **{name: bad})
+            build(kernel="rmsnorm_bwd", n=32768, **{name: bad})
 
 
 def test_max_regs():
     # A forced cap on a thread's registers (NVVM maxnreg): in the layout and the kernel's
     # attributes beside a cap of blocks; refused past the target's registers, below 16, on a
     # target without the attribute, and on a kernel of a fixed layout.
-    lay = Options(kernel="layernorm_fwd", n=4608, bdtype="bf16", max_regs=64).layout
-    assert (lay.max_regs, Options(kernel="layernorm_fwd", n=4608, bdtype="bf16").layout.max_regs) == (64, 0)
-    attrs = SP.common_values(Options(kernel="rmsnorm_bwd", n=4096, min_blocks=2, max_regs=96))["KERNEL_ATTRS"]
+    lay = build(kernel="layernorm_fwd", n=4608, bdtype="bf16", max_regs=64).layout
+    assert (lay.max_regs, build(kernel="layernorm_fwd", n=4608, bdtype="bf16").layout.max_regs) == (64, 0)
+    attrs = SP.common_values(build(kernel="rmsnorm_bwd", n=4096, min_blocks=2, max_regs=96))["KERNEL_ATTRS"]
     assert attrs == ", nvvm.minctasm = 2 : i32, nvvm.maxnreg = 96 : i32"
-    for bad, why in ((256, "must be an int from 16 to 255"), (8, "must be at least 16"), (-1, "must be an int")):
+    for bad, why in ((256, "choose an int from 16 to 255"), (8, "choose an int from 16"), (-1, "choose an int")):
         with pytest.raises(ValueError, match=rf"^max_regs={bad}: {why}"):
-            Options(kernel="rmsnorm_bwd", n=4096, max_regs=bad)
-    with pytest.raises(ValueError, match=r"^max_regs=64: gfx950 has no register cap attribute; use 0"):
-        Options(kernel="rmsnorm_bwd", n=4096, target="gfx950", max_regs=64)
-    with pytest.raises(ValueError, match=r"^max_regs=64: rmsnorm_dw_reduce has a fixed layout; leave max_regs at 0"):
-        Options(kernel="rmsnorm_dw_reduce", n=4096, dtype="f32", max_regs=64)
+            build(kernel="rmsnorm_bwd", n=4096, max_regs=bad)
+    with pytest.raises(ValueError, match=r"^max_regs=64: gfx950 has no register cap attribute; use None"):
+        build(kernel="rmsnorm_bwd", n=4096, target="gfx950", max_regs=64)
+    with pytest.raises(ValueError, match=r"^max_regs=64: rmsnorm_dw_reduce has a fixed layout; leave max_regs"):
+        build(kernel="rmsnorm_dw_reduce", n=4096, dtype="f32", max_regs=64)
 
 
 def test_rows_cap_policy():
@@ -607,15 +614,15 @@ def test_rows_cap_policy():
     # chunk (384), one row a block (1024), without d_residual_out, in fp32 rows, on gfx950, nor
     # where a layout is forced; a forced cap wins.
     def cap(n, **kw):
-        return Options(kernel="layernorm_bwd", n=n, **{"bdtype": "f32", "has_dres_out": True, **kw}).layout.max_regs
+        return build(kernel="layernorm_bwd", n=n, **{"bdtype": "f32", "has_dres_out": True, **kw}).layout.max_regs
 
     assert cap(512) == cap(256) == cap(64) == S.BWD_ROWS_CAP_REGS
-    assert Options(kernel="layernorm_bwd", n=512, bdtype="f32", has_dres_out=True).layout.rows > 1
+    assert build(kernel="layernorm_bwd", n=512, bdtype="f32", has_dres_out=True).layout.rows > 1
     for n, kw in ((384, {}), (1024, {}), (512, dict(has_dres_out=False)), (512, dict(dtype="f32", wdtype="f32")),
                   (512, dict(target="gfx950")), (512, dict(tpr=32))):
         assert cap(n, **kw) == 0, (n, kw)
     assert cap(512, max_regs=160) == 160
-    attrs = SP.common_values(Options(kernel="layernorm_bwd", n=512, bdtype="f32", has_dres_out=True))["KERNEL_ATTRS"]
+    attrs = SP.common_values(build(kernel="layernorm_bwd", n=512, bdtype="f32", has_dres_out=True))["KERNEL_ATTRS"]
     assert f"nvvm.maxnreg = {S.BWD_ROWS_CAP_REGS} : i32" in attrs
 
 
@@ -625,12 +632,12 @@ def test_two_blocks_policy():
     # threads, not held rows, not fp32 rows (not measured), not on gfx950, not where the layout or
     # the cap is forced.
     def lay(n, **kw):
-        return Options(kernel="layernorm_fwd", n=n, **{"bdtype": "bf16", **kw}).layout
+        return build(kernel="layernorm_fwd", n=n, **{"bdtype": "bf16", **kw}).layout
 
     for n in (24576, 32768):
         assert (lay(n).block, lay(n).cache_row, lay(n).min_blocks) == (n // 32, False, 2), n
-    assert Options(kernel="rmsnorm_fwd", n=24576).layout.min_blocks == 2
-    fused = Options(kernel="fused_add_rmsnorm_fwd", n=32768, rdtype="bf16", store_residual=True).layout
+    assert build(kernel="rmsnorm_fwd", n=24576).layout.min_blocks == 2
+    fused = build(kernel="fused_add_rmsnorm_fwd", n=32768, rdtype="bf16", store_residual=True).layout
     assert (fused.block, fused.cache_row, fused.min_blocks) == (1024, False, 0)
     for n, kw in ((16384, {}), (2880, {}), (32768, dict(target="gfx950")), (32768, dict(tpr=1024)),
                   (32768, dict(dtype="f32", wdtype="f32", bdtype="f32"))):
@@ -640,110 +647,110 @@ def test_two_blocks_policy():
 
 
 def test_min_blocks():
-    assert Options(kernel="rmsnorm_bwd", n=4096, min_blocks=2).layout.min_blocks == 2
-    assert Options(kernel="rmsnorm_bwd", n=4096).layout.min_blocks == 0
+    assert build(kernel="rmsnorm_bwd", n=4096, min_blocks=2).layout.min_blocks == 2
+    assert build(kernel="rmsnorm_bwd", n=4096).layout.min_blocks == 0
     with pytest.raises(ValueError, match=r"^min_blocks=2: gfx950 has no blocks-per-multiprocessor bound"):
-        Options(kernel="rmsnorm_bwd", n=4096, target="gfx950", min_blocks=2)
+        build(kernel="rmsnorm_bwd", n=4096, target="gfx950", min_blocks=2)
     for bad in (-1, 33, True):
-        with pytest.raises(ValueError, match=r"^min_blocks=.*: must be an int from 0"):
-            Options(kernel="rmsnorm_bwd", n=4096, min_blocks=bad)
+        with pytest.raises(ValueError, match=r"^min_blocks=.*: choose an int from 1 to 32"):
+            build(kernel="rmsnorm_bwd", n=4096, min_blocks=bad)
 
 
 def test_stage_policy():
     # Backward rows re-read in pass 2 are staged through shared memory on NVIDIA targets when
     # the chunks are 16 bytes; the buffers' size is the launch's dynamic shared memory.
-    lay = Options(kernel="rmsnorm_bwd", n=8192).layout
+    lay = build(kernel="rmsnorm_bwd", n=8192).layout
     assert lay.stage and not lay.l2_prefetch and lay.smem_bytes == 4 * lay.k * lay.block * 16 == 65536
     # One block's buffers past STAGE_POLICY_BYTES (N=14336: 112 KB): prefetch and hints instead,
     # unless forced.
-    assert not Options(kernel="rmsnorm_bwd", n=14336).layout.stage
-    assert Options(kernel="rmsnorm_bwd", n=14336, stage=1).layout.smem_bytes == 4 * 4 * 448 * 16
+    assert not build(kernel="rmsnorm_bwd", n=14336).layout.stage
+    assert build(kernel="rmsnorm_bwd", n=14336, stage=1).layout.smem_bytes == 4 * 4 * 448 * 16
     # Rows of exactly 2048 chunks: the same 128 KB of buffers, at 1024 threads x 2 chunks.
     for kw in (dict(n=16384), dict(n=16384, has_weight=False), dict(n=16384, dtype="f16", wdtype="f32"),
                dict(n=8192, dtype="f32", wdtype="f32")):
-        wide = Options(kernel="rmsnorm_bwd", **kw).layout
+        wide = build(kernel="rmsnorm_bwd", **kw).layout
         assert (wide.stage, wide.block, wide.k, wide.kfull, wide.smem_bytes, wide.l2_prefetch) == \
             (True, 1024, 2, 2, 131072, False)
-    forced = Options(kernel="rmsnorm_bwd", n=16384, stage=1).layout  # forced: the layout stays
+    forced = build(kernel="rmsnorm_bwd", n=16384, stage=1).layout  # forced: the layout stays
     assert (forced.block, forced.k, forced.smem_bytes) == (512, 4, 131072)
-    assert Options(kernel="rmsnorm_bwd", n=16384, tpr=512, stage=0).layout.block == 512
-    assert not Options(kernel="rmsnorm_bwd", n=16384, target="gfx950").layout.stage
-    assert not Options(kernel="rmsnorm_bwd", n=2880).layout.stage  # two chunks per thread
-    assert not Options(kernel="rmsnorm_bwd", n=32768).layout.stage  # split over a cluster
-    assert Options(kernel="rmsnorm_bwd", n=32768, stage=1).layout.stage
-    assert Options(kernel="rmsnorm_bwd", n=14336, stage=0).layout.l2_prefetch  # the fallback prefetches
-    assert Options(kernel="rmsnorm_bwd", n=16384, stage=0).layout.l2_prefetch
-    assert not Options(kernel="rmsnorm_bwd", n=1024).layout.stage  # held in registers
-    assert not Options(kernel="rmsnorm_bwd", n=8192, vec=4).layout.stage  # 8-byte chunks
-    assert not Options(kernel="rmsnorm_bwd", n=8192, target="gfx950").layout.stage
+    assert build(kernel="rmsnorm_bwd", n=16384, tpr=512, stage=0).layout.block == 512
+    assert not build(kernel="rmsnorm_bwd", n=16384, target="gfx950").layout.stage
+    assert not build(kernel="rmsnorm_bwd", n=2880).layout.stage  # two chunks per thread
+    assert not build(kernel="rmsnorm_bwd", n=32768).layout.stage  # split over a cluster
+    assert build(kernel="rmsnorm_bwd", n=32768, stage=1).layout.stage
+    assert build(kernel="rmsnorm_bwd", n=14336, stage=0).layout.l2_prefetch  # the fallback prefetches
+    assert build(kernel="rmsnorm_bwd", n=16384, stage=0).layout.l2_prefetch
+    assert not build(kernel="rmsnorm_bwd", n=1024).layout.stage  # held in registers
+    assert not build(kernel="rmsnorm_bwd", n=8192, vec=4).layout.stage  # 8-byte chunks
+    assert not build(kernel="rmsnorm_bwd", n=8192, target="gfx950").layout.stage
     # Kernels of a block per row group (the forward) have no staging (it lost 4-11%: removed).
-    assert not Options(kernel="rmsnorm_fwd", n=16384).layout.stage
-    assert not Options(kernel="rmsnorm_fwd", n=1024, stage=0).layout.stage and \
-        Options(kernel="rmsnorm_fwd", n=1024).layout.smem_bytes == 0
+    assert not build(kernel="rmsnorm_fwd", n=16384).layout.stage
+    assert not build(kernel="rmsnorm_fwd", n=1024, stage=0).layout.stage and \
+        build(kernel="rmsnorm_fwd", n=1024).layout.smem_bytes == 0
     with pytest.raises(ValueError, match=r"^stage=1: rmsnorm_fwd \(a block per row group\) has no staged layout"):
-        Options(kernel="rmsnorm_fwd", n=16384, stage=1)
+        build(kernel="rmsnorm_fwd", n=16384, stage=1)
     with pytest.raises(ValueError, match=r"^stage=1: rmsnorm_dw_reduce has a fixed layout"):
-        Options(kernel="rmsnorm_dw_reduce", n=4096, dtype="f32", stage=1)
+        build(kernel="rmsnorm_dw_reduce", n=4096, dtype="f32", stage=1)
     for bad in (dict(target="gfx950"), dict(vec=4), dict(n=1024)):
         with pytest.raises(ValueError, match=r"^stage=1 needs a target with asynchronous copies"):
-            Options(kernel="rmsnorm_bwd", **{"n": 16384, "stage": 1, **bad})
-    with pytest.raises(ValueError, match=r"^stage=5: choose 1"):
-        Options(kernel="rmsnorm_bwd", n=16384, stage=5)
+            build(kernel="rmsnorm_bwd", **{"n": 16384, "stage": 1, **bad})
+    with pytest.raises(ValueError, match=r"^stage=5: choose one of 0, 1 "):
+        build(kernel="rmsnorm_bwd", n=16384, stage=5)
 
 
 def test_amd_layouts_that_spilled():
     # gfx950 rows whose ISA showed scratch: the forward's 1024-thread rows hold no w and at most 64
     # elements; the backward's rows with dw in memory where LLVM unrolled into a spill get enough
     # chunks per thread that the loops stay rolled (f32: 64, 16-bit: 32).
-    fwd = Options(kernel="rmsnorm_fwd", n=65536, target="gfx950").layout
+    fwd = build(kernel="rmsnorm_fwd", n=65536, target="gfx950").layout
     assert fwd.block == 1024 and fwd.cache_row and not fwd.prefetch_w
-    assert not Options(kernel="rmsnorm_fwd", n=131072, target="gfx950").layout.cache_row
+    assert not build(kernel="rmsnorm_fwd", n=131072, target="gfx950").layout.cache_row
     for n, dt, k, tpr in ((65536, "f32", 64, 256), (32768, "f32", 64, 128), (49152, "bf16", 32, 192)):
-        bwd = Options(kernel="rmsnorm_bwd", n=n, dtype=dt, wdtype=dt, target="gfx950").layout
+        bwd = build(kernel="rmsnorm_bwd", n=n, dtype=dt, wdtype=dt, target="gfx950").layout
         assert not bwd.dw_regs and (bwd.k, bwd.tpr) == (k, tpr)
     # Rows outside those ranges, and sm_90, keep their layouts.
-    assert Options(kernel="rmsnorm_bwd", n=65536, target="gfx950").layout.k == 16
-    assert Options(kernel="rmsnorm_bwd", n=98304, target="gfx950").layout.k == 24
-    sm90 = Options(kernel="rmsnorm_fwd", n=65536).layout
+    assert build(kernel="rmsnorm_bwd", n=65536, target="gfx950").layout.k == 16
+    assert build(kernel="rmsnorm_bwd", n=98304, target="gfx950").layout.k == 24
+    sm90 = build(kernel="rmsnorm_fwd", n=65536).layout
     assert (sm90.block, sm90.cluster, sm90.k, sm90.vec, sm90.cache_row) == (256, 4, 16, 4, True)
-    assert Options(kernel="rmsnorm_bwd", n=65536, dtype="f32", wdtype="f32").layout.k < S.AMD_UNROLL_K[True][4][0]
+    assert build(kernel="rmsnorm_bwd", n=65536, dtype="f32", wdtype="f32").layout.k < S.AMD_UNROLL_K[True][4][0]
 
 
 def test_reduce_layout():
-    o = Options(kernel="rmsnorm_dw_reduce", n=4096, dtype="f32", target="gfx950")
+    o = build(kernel="rmsnorm_dw_reduce", n=4096, dtype="f32", target="gfx950")
     lay = o.layout
     assert (lay.vec, lay.tpr, lay.rows, lay.block) == (4, S.REDUCE_CT, S.REDUCE_RT, S.REDUCE_CT * S.REDUCE_RT)
     assert lay.nchunk * lay.vec == 4096
     # Short rows (at most 512 fp32 chunks) leave many partial rows over few column blocks: 128 row
     # threads there.
-    short = Options(kernel="rmsnorm_dw_reduce", n=2048, dtype="f32").layout
+    short = build(kernel="rmsnorm_dw_reduce", n=2048, dtype="f32").layout
     assert (short.tpr, short.rows) == (S.REDUCE_CT, S.REDUCE_RT_SHORT)
-    assert Options(kernel="rmsnorm_dw_reduce", n=2052, dtype="f32").layout.rows == S.REDUCE_RT
+    assert build(kernel="rmsnorm_dw_reduce", n=2052, dtype="f32").layout.rows == S.REDUCE_RT
     # Long rows (at least 8192 chunks) leave few partial rows over many columns: 32 x 8.
-    long = Options(kernel="rmsnorm_dw_reduce", n=32768, dtype="f32").layout
+    long = build(kernel="rmsnorm_dw_reduce", n=32768, dtype="f32").layout
     assert (long.tpr, long.rows, long.block) == (S.REDUCE_CT_LONG, S.REDUCE_RT_LONG, S.REDUCE_CT * S.REDUCE_RT)
-    below = Options(kernel="rmsnorm_dw_reduce", n=32764, dtype="f32").layout
+    below = build(kernel="rmsnorm_dw_reduce", n=32764, dtype="f32").layout
     assert (below.tpr, below.rows) == (S.REDUCE_CT, S.REDUCE_RT)
 
 
 def test_reduce_sums_dw_and_db_in_one_kernel():
     # With a bias type (db's), the column sums take both outputs: db keeps its own type (the
     # backward's bdtype is f32, its partial sums'; the reduction's is db's output type).
-    both = Options(kernel="rmsnorm_dw_reduce", n=1024, dtype="f32", wdtype="bf16", bdtype="f16")
+    both = build(kernel="rmsnorm_dw_reduce", n=1024, dtype="f32", wdtype="bf16", bdtype="f16")
     assert both.bdtype == "f16"
     text = SP.specialize(both)
     assert "%has_bias = arith.constant true" in text and "vector<4xf16>" in text and "vector<4xbf16>" in text
-    one = SP.specialize(Options(kernel="rmsnorm_dw_reduce", n=1024, dtype="f32", wdtype="bf16"))
+    one = SP.specialize(build(kernel="rmsnorm_dw_reduce", n=1024, dtype="f32", wdtype="bf16"))
     assert "%has_bias = arith.constant false" in one
-    assert Options(kernel="layernorm_bwd", n=1024, bdtype="bf16").bdtype == "f32"
+    assert build(kernel="layernorm_bwd", n=1024, bdtype="bf16").bdtype == "f32"
 
 
 # ---------------------------------------------------------------------------- specialize
 
 
-def _kernel_options(kernel: str, target: str, n: int = 2880) -> Options:
+def _kernel_options(kernel: str, target: str, n: int = 2880) -> Build:
     dt = "f32" if kernel == "rmsnorm_dw_reduce" else "bf16"  # the reduction reads fp32 partials
-    return Options(kernel=kernel, n=n, dtype=dt, wdtype="bf16", target=target)
+    return build(kernel=kernel, n=n, dtype=dt, wdtype="bf16", target=target)
 
 
 @pytest.mark.parametrize("kernel", sorted(KERNELS))
@@ -760,8 +767,8 @@ def test_specialize_every_kernel(kernel, target):
 
 
 def test_specialize_values_follow_options():
-    a = SP.specialize(Options(kernel="rmsnorm_fwd", n=4096, eps=1e-5))
-    b = SP.specialize(Options(kernel="rmsnorm_fwd", n=4096, eps=1e-6, has_weight=False, dtype="f16", wdtype="f32"))
+    a = SP.specialize(build(kernel="rmsnorm_fwd", n=4096, eps=1e-5))
+    b = SP.specialize(build(kernel="rmsnorm_fwd", n=4096, eps=1e-6, has_weight=False, dtype="f16", wdtype="f32"))
     assert f"arith.constant {SP.mlir_f32(1e-5)} : f32" in a
     assert f"arith.constant {SP.mlir_f32(1e-6)} : f32" in b
     assert "%has_weight = arith.constant true" in a and "%has_weight = arith.constant false" in b
@@ -774,7 +781,7 @@ def test_fwd_streamed_policy():
     # per thread up to 512 threads, then 4); shorter and longer rows, narrower vectors, gfx950 and
     # anything forced keep the row in registers.
     def lay(n, **kw):
-        return Options(kernel="rmsnorm_fwd", n=n, **kw).layout
+        return build(kernel="rmsnorm_fwd", n=n, **kw).layout
 
     streamed = {1024: (64, 2), 2880: (192, 2), 8192: (512, 2), 12288: (384, 4), 32768: (1024, 4)}
     for n, (tpr, k) in streamed.items():
@@ -805,7 +812,7 @@ def test_every_policy_thread_owns_a_chunk(target):
             for dt in ("bf16", "f32"):
                 for n in ns:
                     for has_weight in (True, False):
-                        lay = Options(kernel=kernel, n=n, dtype=dt, wdtype=dt, target=target, has_weight=has_weight,
+                        lay = build(kernel=kernel, n=n, dtype=dt, wdtype=dt, target=target, has_weight=has_weight,
                                       **extra).layout
                         assert lay.tpr <= lay.nchunk, (kernel, n, dt, extra, lay)
 
@@ -815,16 +822,16 @@ def test_backward_rows_crowding_one_block_split_over_a_cluster():
     # 512 threads (ptxas spilled 48-296 bytes at their 72-96 registers) for a cluster.
     for kernel, extra in (("rmsnorm_bwd", {}), ("fused_add_rmsnorm_bwd", {})):
         for n in (17408, 20480, 24576, 36864, 49152, 57344):
-            lay = Options(kernel=kernel, n=n, **extra).layout
+            lay = build(kernel=kernel, n=n, **extra).layout
             assert lay.cluster > 1 and lay.block <= 512 and not lay.cache_row, (kernel, n, lay)
     # Reading d_residual_out in pass 2, the split rows keep the threads of their one block (up to
     # 768), 2 chunks a thread (layout._crowded_threads); past 768 they are halved as above.
     for n, tpr, cluster in ((17408, 544, 2), (24576, 768, 2), (40960, 640, 4), (49152, 768, 4)):
-        lay = Options(kernel="fused_add_rmsnorm_bwd", n=n, has_dres_out=True).layout
+        lay = build(kernel="fused_add_rmsnorm_bwd", n=n, has_dres_out=True).layout
         assert (lay.tpr, lay.cluster, lay.k, lay.kfull) == (tpr, cluster, 2, 2), (n, lay)
     for n in (28672, 57344):  # 896 threads in one block
-        lay = Options(kernel="fused_add_rmsnorm_bwd", n=n, has_dres_out=True).layout
+        lay = build(kernel="fused_add_rmsnorm_bwd", n=n, has_dres_out=True).layout
         assert lay.cluster > 1 and lay.block <= 512 and lay.k == 4, (n, lay)
-    assert Options(kernel="rmsnorm_bwd", n=16384).layout.cluster == 1  # 512 threads: staged as 1024 x 2
-    assert Options(kernel="rmsnorm_bwd", n=12288, dtype="f32", wdtype="f32").layout.block == 768  # 16 sums a thread
-    assert Options(kernel="rmsnorm_bwd", n=24576, target="gfx950").layout.cluster == 1  # no clusters there
+    assert build(kernel="rmsnorm_bwd", n=16384).layout.cluster == 1  # 512 threads: staged as 1024 x 2
+    assert build(kernel="rmsnorm_bwd", n=12288, dtype="f32", wdtype="f32").layout.block == 768  # 16 sums a thread
+    assert build(kernel="rmsnorm_bwd", n=24576, target="gfx950").layout.cluster == 1  # no clusters there

@@ -81,5 +81,7 @@ def test_launch_switches_the_device_only_for_another(monkeypatch):
     monkeypatch.setattr(torch.cuda, "set_device", lambda d: (switched.append(d), cur.__setitem__(0, d)))
     _rows.launch(0, Handle(), 4, 1, 2)
     assert calls == [(4, 100, (1, 2), 0)] and switched == []
-    _rows.ColumnSums(Handle(), 3).launch(1, 7, 8, 9)  # part, out, parts; no second output (db): 0
+    # The column sums' plan packs its arguments by name, in the catalogue's order (part, out, db, parts).
+    plan = _rows.Plan(Handle(), None, False, 0, _rows.picker("rmsnorm_dw_reduce"))
+    _rows.ColumnSums(plan, 3).launch(1, 7, 8, 9)  # part, out, parts; no second output (db): 0
     assert calls[1] == (3, 101, (7, 8, 0, 9), 1) and switched == [1, 0] and cur[0] == 0

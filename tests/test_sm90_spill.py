@@ -15,7 +15,7 @@ import subprocess
 import pytest
 
 from normir import compiler, specialize, targets
-from normir.options import Options
+from normir.options import build
 
 pytestmark = pytest.mark.cpu
 
@@ -34,7 +34,7 @@ def _capped_layouts() -> list[tuple[int, bool]]:
     seen, out = set(), []
     for dres in (False, True):
         for n in range(256, 32769, 32):
-            lay = Options(kernel="layernorm_bwd", n=n, bdtype="f32", has_dres_out=dres).layout
+            lay = build(kernel="layernorm_bwd", n=n, bdtype="f32", has_dres_out=dres).layout
             shape = (dres, lay.tpr, lay.cluster, lay.k, lay.kfull, lay.cache_row, lay.db_smem, lay.min_blocks)
             if lay.db_smem and lay.min_blocks and shape not in seen:
                 seen.add(shape)
@@ -53,7 +53,7 @@ def test_the_policy_caps_some_layouts():
 @pytest.mark.parametrize(("dtype", "wdtype"), [("bf16", "bf16"), ("bf16", "f32"), ("f16", "f16")])
 @pytest.mark.parametrize(("n", "dres"), CASES)
 def test_capped_layouts_do_not_spill(n, dres, dtype, wdtype, tmp_path):
-    opts = Options(kernel="layernorm_bwd", n=n, dtype=dtype, wdtype=wdtype, bdtype="f32", has_dres_out=dres)
+    opts = build(kernel="layernorm_bwd", n=n, dtype=dtype, wdtype=wdtype, bdtype="f32", has_dres_out=dres)
     ptx = compiler.compile_text(specialize.specialize(opts), "sm_90", "isa").data
     path = tmp_path / "k.ptx"
     path.write_bytes(ptx)

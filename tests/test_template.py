@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from normir import template as T
-from normir.options import Options
+from normir.options import build
 from normir.specialize import specialize_source
 from normir.template import Resolver, SpecializationError
 
@@ -72,7 +72,7 @@ def test_substitute_splice_depth(tmp_path):
 
 
 def test_line_map_names_template_and_piece_lines():
-    src = specialize_source(Options(kernel="rmsnorm_fwd", n=4096))
+    src = specialize_source(build(kernel="rmsnorm_fwd", n=4096))
     lines = src.text.split("\n")
     assert len(src.origins) == len(lines)
     kernel = (MLIR_DIR / "norm_fwd.mlir").read_text().split("\n")
@@ -143,7 +143,7 @@ def test_edited_file_is_read_again(tmp_path):
 def test_casts_in_words_where_the_layout_fixes_registers(kernel, n, extra, words):
     # The forward's pass-2 casts go by 32-bit words, with x_hat * w + b as one fma, only in rows read once whose
     # layout fixes the registers (layout._cast_words); elsewhere the text is as before.
-    opts = Options(kernel=kernel, n=n, bdtype="bf16" if kernel == "layernorm_fwd" else "", **extra)
+    opts = build(kernel=kernel, n=n, bdtype="bf16" if kernel == "layernorm_fwd" else "", **extra)
     assert opts.layout.cast_words == words
     text = specialize_source(opts).text
     assert ("// normir common piece: late_ext for the row tensor h in bf16, by 32-bit words" in text) == words
@@ -156,11 +156,11 @@ def test_casts_in_words_where_the_layout_fixes_registers(kernel, n, extra, words
 def test_streamed_rows_in_words_load_pass_2_chunk_by_chunk():
     # The streamed rows that take the words drop batch_reload (the pair measured together); forced
     # batch_reload keeps the user's choice, and the words stay off unless forced too.
-    lay = Options(kernel="layernorm_fwd", n=7168, bdtype="bf16").layout
+    lay = build(kernel="layernorm_fwd", n=7168, bdtype="bf16").layout
     assert lay.cast_words and not lay.batch_reload and not lay.cache_row
-    forced = Options(kernel="layernorm_fwd", n=7168, bdtype="bf16", batch_reload=1).layout
+    forced = build(kernel="layernorm_fwd", n=7168, bdtype="bf16", batch_reload=1).layout
     assert forced.batch_reload and not forced.cast_words
-    assert Options(kernel="layernorm_fwd", n=8192, bdtype="bf16").layout.batch_reload
+    assert build(kernel="layernorm_fwd", n=8192, bdtype="bf16").layout.batch_reload
 
 
 @pytest.mark.parametrize("kernel,n,extra,words", [
@@ -180,7 +180,7 @@ def test_streamed_rows_in_words_load_pass_2_chunk_by_chunk():
 ])
 def test_backward_casts_in_words(kernel, n, extra, words):
     # The backward's x and dy go by words where layout._cast_words takes them; its math is unchanged (no fma).
-    opts = Options(kernel=kernel, n=n, bdtype="f32" if kernel == "layernorm_bwd" else "", **extra)
+    opts = build(kernel=kernel, n=n, bdtype="f32" if kernel == "layernorm_bwd" else "", **extra)
     assert opts.layout.cast_words == words
     text = specialize_source(opts).text
     for tensor in ("x", "dy"):
@@ -190,14 +190,14 @@ def test_backward_casts_in_words(kernel, n, extra, words):
 
 
 def test_forced_cast_words():
-    on = Options(kernel="rmsnorm_bwd", n=1024, cast_words=1)
+    on = build(kernel="rmsnorm_bwd", n=1024, cast_words=1)
     assert on.layout.cast_words and "by 32-bit words" in specialize_source(on).text
-    off = Options(kernel="layernorm_fwd", n=2880, bdtype="bf16", cast_words=0)
+    off = build(kernel="layernorm_fwd", n=2880, bdtype="bf16", cast_words=0)
     assert not off.layout.cast_words and "row tensor h in bf16, by 32-bit words" not in specialize_source(off).text
     with pytest.raises(ValueError, match="cast_words=1 needs chunks of whole 32-bit words"):
-        Options(kernel="layernorm_fwd", n=1023, bdtype="bf16", cast_words=1)
+        build(kernel="layernorm_fwd", n=1023, bdtype="bf16", cast_words=1)
     with pytest.raises(ValueError, match="cast_words"):
-        Options(kernel="layernorm_fwd", n=2880, cast_words=2)
+        build(kernel="layernorm_fwd", n=2880, cast_words=2)
 
 
 @pytest.mark.parametrize("n,extra,two_pass", [
@@ -211,7 +211,7 @@ def test_forced_cast_words():
 def test_two_pass_variance_where_counts_are_unequal(n, extra, two_pass):
     # layout._two_pass: LayerNorm's held rows whose threads own unequal chunk counts take the exact
     # two-pass variance (plain block sums of the last summary value alone); the rest keep Chan's merges.
-    opts = Options(kernel="layernorm_fwd", n=n, bdtype="bf16", **extra)
+    opts = build(kernel="layernorm_fwd", n=n, bdtype="bf16", **extra)
     assert opts.layout.two_pass == two_pass
     text = specialize_source(opts).text
     assert ("%two_pass = arith.constant true" in text) == two_pass
@@ -219,10 +219,10 @@ def test_two_pass_variance_where_counts_are_unequal(n, extra, two_pass):
 
 
 def test_forced_two_pass():
-    assert Options(kernel="layernorm_fwd", n=3584, bdtype="bf16", two_pass=1).layout.two_pass  # held, equal counts
-    assert not Options(kernel="layernorm_fwd", n=2880, bdtype="bf16", two_pass=0).layout.two_pass
+    assert build(kernel="layernorm_fwd", n=3584, bdtype="bf16", two_pass=1).layout.two_pass  # held, equal counts
+    assert not build(kernel="layernorm_fwd", n=2880, bdtype="bf16", two_pass=0).layout.two_pass
     for bad in (dict(kernel="layernorm_fwd", n=4096), dict(kernel="rmsnorm_fwd", n=2880),
                 dict(kernel="layernorm_bwd", n=2880), dict(kernel="layernorm_fwd", n=65536),  # a cluster
                 dict(kernel="layernorm_fwd", n=1152)):  # 8 rows a block
         with pytest.raises(ValueError, match="two_pass=1 needs LayerNorm's forward with its rows held"):
-            Options(two_pass=1, **bad)
+            build(two_pass=1, **bad)

@@ -1,7 +1,12 @@
 """normir's ops on torch: importing any of them (or normir.ops) defines every torch.ops.normir.*
 operator, whatever the order of the imports. Their DTensor sharding rules (distributed.py) are
 registered once torch.distributed.tensor is imported: no DTensor exists before, and importing it
-here would add half a second to `import normir`."""
+here would add half a second to `import normir`.
+
+OPS is the op table: each op module, the catalogue's kernels it launches (kernels.KERNELS) and
+its custom ops. A kernel of the catalogue that no op launches, or an op's kernel or custom op that
+does not exist, fails tests/test_catalogue_cpu.py (docs/design.md lists the rest of a new op's
+touch-list, which that test checks too)."""
 
 import importlib.abc
 import importlib.util
@@ -17,6 +22,16 @@ sys.meta_path[:] = [f for f in sys.meta_path if not isinstance(f, _AfterTorch)]
 import torch.distributed  # noqa: E402  (a part of torch's own import: it costs nothing)
 
 from . import _fused, _rows, fused_add_rmsnorm, layernorm, rmsnorm, swap  # noqa: E402, F401
+
+# op: (its module, the kernels it launches, its custom ops); the column sums' kernel (dw, db) is
+# every backward's, launched by _rows.column_sums.
+OPS = {
+    "rmsnorm": (rmsnorm, ("rmsnorm_fwd", "rmsnorm_bwd"), ("rmsnorm_fwd", "rmsnorm_bwd")),
+    "fused_add_rmsnorm": (fused_add_rmsnorm, ("fused_add_rmsnorm_fwd", "fused_add_rmsnorm_bwd"),
+                          ("fused_add_rmsnorm_fwd", "fused_add_rmsnorm_bwd")),
+    "layernorm": (layernorm, ("layernorm_fwd", "layernorm_bwd"), ("layernorm_fwd", "layernorm_bwd")),
+}
+SHARED_KERNELS = ("rmsnorm_dw_reduce",)
 
 DTENSOR = "torch.distributed.tensor"
 

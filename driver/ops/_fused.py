@@ -98,7 +98,7 @@ def _fwd_fast(x, residual, weight, bias, eps, residual_dtype, out_dtype, weight_
             residual.shape == x.shape and residual.is_contiguous())) \
             or (weight is not None and not weight.is_contiguous()) or (bias is not None and not bias.is_contiguous()):
         return None
-    h, rows, cluster, y_dtype, h_dtype, has_mean = hit
+    p, y_dtype, h_dtype, has_mean = hit
     dev, n = x.get_device(), x.shape[-1]
     y = torch.empty_like(x) if y_dtype is None else torch.empty_like(x, dtype=y_dtype)
     res_out = None
@@ -115,12 +115,9 @@ def _fwd_fast(x, residual, weight, bias, eps, residual_dtype, out_dtype, weight_
         mean = R.empty_f32(x.shape, dev, per_row=True) if has_mean else None
     m = x.numel() // n
     if m:
-        # Positional, in the order of NORM_FWD's arguments (x, residual, w, b, y, residual_out,
-        # rstd, [mean], rows, x_stride, residual_stride, y_stride, residual_out_stride).
-        st = (rstd.data_ptr() if rstd is not None else 0,) + (
-            ((mean.data_ptr() if mean is not None else 0),) if has_mean else ())
-        R.launch(dev, h, -(-m // rows) * cluster, xp, rp, wp, bp, yp, hp, *st, m, n, n if residual is not None else 0,
-                 n, n)
+        p.launch(dev, p.grid(m), x=xp, residual=rp, w=wp, b=bp, y=yp, residual_out=hp,
+                 rstd=rstd.data_ptr() if rstd is not None else 0, mean=mean.data_ptr() if mean is not None else 0,
+                 rows=m, x_stride=n, residual_stride=n if residual is not None else 0, y_stride=n, residual_out_stride=n)
     return y, res_out, rstd, mean
 
 
@@ -151,39 +148,37 @@ def launch_fwd(x: torch.Tensor, residual: torch.Tensor | None, weight: torch.Ten
         rows = (x2, r2, y, res_out)
         vec = R.vector_width(n, (*rows, w, b), (xs, rs) if r2 is not None else (xs,), rows=len(rows))
         dt = L.TORCH_DTYPES[x.dtype]
-        extra = (("rdtype", L.TORCH_DTYPES[residual.dtype] if residual is not None else ""),
-                 ("sdtype", L.TORCH_DTYPES[h_dtype] if residual is not None else ""),
-                 ("odtype", L.TORCH_DTYPES[y.dtype]), ("bdtype", L.TORCH_DTYPES[b.dtype] if b is not None else ""),
-                 ("store_residual", stored), ("weight_offset", offset))
-        p = R.plan(kernel, dev, n, dt, L.TORCH_DTYPES[w.dtype] if w is not None else dt, eps, w is not None,
-                   store_rstd, vec, extra=extra)
+        p = R.plan(dev, kernel=kernel, n=n, dtype=dt, wdtype=L.TORCH_DTYPES[w.dtype] if w is not None else dt, eps=eps,
+                   has_weight=w is not None, store_rstd=store_rstd, vec=vec,
+                   rdtype=L.TORCH_DTYPES[residual.dtype] if residual is not None else "",
+                   sdtype=L.TORCH_DTYPES[h_dtype] if residual is not None else "", odtype=L.TORCH_DTYPES[y.dtype],
+                   bdtype=L.TORCH_DTYPES[b.dtype] if b is not None else "", store_residual=stored, weight_offset=offset)
         if vec == R.MAX_VECTOR_BYTES // min(t.element_size() for t in rows if t is not None) and x2 is x \
                 and r2 is residual and w is weight and b is bias:
             _FWD_SEEN[_fwd_key(kernel, x, residual, weight, bias, eps, residual_dtype, out_dtype, offset, store_rstd,
                                store_residual)] = (
-                p.handle, p.layout.rows, p.layout.cluster, None if y.dtype == x.dtype else y.dtype,
+                p, None if y.dtype == x.dtype else y.dtype,
                 None if res_out is None or res_out.dtype == residual.dtype else res_out.dtype, has_mean)
-        with R.on_device(dev):
-            p.handle.launch_named(
-                p.grid(m), L.stream(dev), x=x2.data_ptr(), residual=r2.data_ptr() if r2 is not None else 0,
-                w=w.data_ptr() if w is not None else 0, b=b.data_ptr() if b is not None else 0, y=y.data_ptr(),
-                residual_out=res_out.data_ptr() if res_out is not None else 0,
-                rstd=rstd.data_ptr() if rstd is not None else 0,
-                **({"mean": mean.data_ptr() if mean is not None else 0} if has_mean else {}),
-                rows=m, x_stride=xs, residual_stride=rs, y_stride=n, residual_out_stride=n)
+        p.launch(dev, p.grid(m), x=x2.data_ptr(), residual=r2.data_ptr() if r2 is not None else 0,
+                 w=w.data_ptr() if w is not None else 0, b=b.data_ptr() if b is not None else 0, y=y.data_ptr(),
+                 residual_out=res_out.data_ptr() if res_out is not None else 0,
+                 rstd=rstd.data_ptr() if rstd is not None else 0, mean=mean.data_ptr() if mean is not None else 0,
+                 rows=m, x_stride=xs, residual_stride=rs, y_stride=n, residual_out_stride=n)
     return y, res_out, rstd, mean
 
 
 def bwd_checks(dy, residual_out, weight, rstd, d_residual_out, bias_dtype, weight_offset, dx_dtype, dres_dtype,
-                made_by: str = "fused_add_rmsnorm_fwd(..., store_rstd=True)", values: bool = True, device: bool = True):
-    """The backward's checks (values, device: as fwd_checks')."""
-    check_input(residual_out, "residual_out", device)
+                made_by: str = "fused_add_rmsnorm_fwd(..., store_rstd=True)", values: bool = True,
+                row: str = "residual_out", device: bool = True):
+    """The backward's checks (row: the normalized row's name in messages: x, or residual_out;
+    values, device: as fwd_checks')."""
+    check_input(residual_out, row, device)
     n = residual_out.shape[-1]
-    check_grad(dy, residual_out, "dy", "residual_out", device)
+    check_grad(dy, residual_out, "dy", row, device)
     if d_residual_out is not None:
-        check_grad(d_residual_out, residual_out, "d_residual_out", "residual_out", device)
+        check_grad(d_residual_out, residual_out, "d_residual_out", row, device)
     w = R.check_weight(weight, residual_out, n)
-    check_stat(rstd, residual_out, "rstd", made_by, "residual_out")
+    check_stat(rstd, residual_out, "rstd", made_by, row)
     check_dtype(bias_dtype, "bias_dtype")
     check_dtype(dx_dtype, "dx_dtype")
     check_dtype(dres_dtype, "dresidual_dtype")
@@ -232,25 +227,24 @@ def _bwd_fast(dy, h, weight, rstd, g, bias_dtype, weight_offset, dx_dtype, dres_
     if bias_dtype is not None:
         db = torch.empty_like(weight, dtype=bias_dtype) if weight is not None else \
             torch.empty((n,), dtype=bias_dtype, device=h.device)
-    st = (rstd.data_ptr(), mean.data_ptr()) if has_mean else (rstd.data_ptr(),)
-    _bwd_launch(p, dev, m, n, atomic, (hp, wp, dyp, *st, gp, dxp, dresp), (n, n, n if g is not None else 0), dw, db)
+    _bwd_launch(p, dev, m, n, atomic, dw, db, x=hp, w=wp, dy=dyp, rstd=rstd.data_ptr(),
+                mean=mean.data_ptr() if has_mean else 0, dres_out=gp, dx=dxp, dres=dresp, x_stride=n, dy_stride=n,
+                dres_out_stride=n if g is not None else 0)
     return dx, dres, dw, db
 
 
-def _bwd_launch(p: R.Plan, dev: int, m: int, n: int, atomic: bool, ptrs: tuple[int, ...],
-                strides: tuple[int, int, int], dw: torch.Tensor | None, db: torch.Tensor | None) -> None:
-    """Launch a backward kernel and the column sums of dw and db. ptrs: x, w, dy, rstd, [mean],
-    dres_out, dx, dres; strides: x's, dy's and dres_out's rows."""
+def _bwd_launch(p: R.Plan, dev: int, m: int, n: int, atomic: bool, dw: torch.Tensor | None, db: torch.Tensor | None,
+                **values: int) -> None:
+    """Launch a backward kernel and the column sums of dw and db. values: the row tensors'
+    pointers (x, w, dy, rstd, mean, dres_out, dx, dres) and the strides of x, dy and dres_out."""
     parts = p.clusters(m) * p.layout.rows if not atomic else 1
     # dw's partial rows, then db's, in one buffer: one launch of the column sums adds both.
     outs = [t for t in (dw, db) if t is not None]
     part = _partials(len(outs) * parts, n, dev, atomic) if outs else None
     dw_part = part if dw is not None else None
     db_part = (part[parts:] if dw is not None else part) if db is not None else None
-    # Positional, in the order of NORM_BWD's arguments (x, w, dy, rstd, [mean], dres_out, dx, dres,
-    # dw_part, db_part, rows, x_stride, dy_stride, dres_out_stride, dx_stride, dres_stride).
-    R.launch(dev, p.handle, p.grid(m), *ptrs, dw_part.data_ptr() if dw_part is not None else 0,
-             db_part.data_ptr() if db_part is not None else 0, m, *strides, n, n)
+    p.launch(dev, p.grid(m), **values, dw_part=dw_part.data_ptr() if dw_part is not None else 0,
+             db_part=db_part.data_ptr() if db_part is not None else 0, rows=m, dx_stride=n, dres_stride=n)
     if part is not None:
         second = outs[1] if len(outs) == 2 else None
         R.column_sums(dev, n, outs[0].dtype, second.dtype if second is not None else None).launch(
@@ -267,21 +261,24 @@ def launch_bwd(dy: torch.Tensor, residual_out: torch.Tensor, weight: torch.Tenso
                d_residual_out: torch.Tensor | None, bias_dtype: torch.dtype | None, weight_offset: float,
                dx_dtype: torch.dtype | None, dres_dtype: torch.dtype | None, atomic: bool = False, *,
                kernel: str, mean: torch.Tensor | None = None,
-               made_by: str = "fused_add_rmsnorm_fwd(..., store_rstd=True)"
+               made_by: str = "fused_add_rmsnorm_fwd(..., store_rstd=True)", row: str = "residual_out",
+               atomic_name: str = "atomic"
                ) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None, torch.Tensor | None]:
-    """The backward on real tensors (kernel: this op's, or LayerNorm's with its mean): (dx,
-    dresidual, dw, db). dx is dh in dx_dtype (default residual_out's); dresidual, the same values
-    in dres_dtype, is None unless that type differs; dw None without a weight, db (in bias_dtype)
-    None without a bias. made_by: the forward call whose statistics the checks ask for."""
+    """The backward on real tensors (kernel: any backward of the skeleton; LayerNorm's with its
+    mean): (dx, dresidual, dw, db). dx is dh in dx_dtype (default residual_out's); dresidual, the
+    same values in dres_dtype, is None unless that type differs; dw None without a weight, db (in
+    bias_dtype) None without a bias. made_by, row, atomic_name: the forward call whose statistics
+    the checks ask for, and the names the caller's API gives the normalized row and the atomic
+    flag (for messages)."""
     fast = _bwd_fast(dy, residual_out, weight, rstd, d_residual_out, bias_dtype, weight_offset, dx_dtype, dres_dtype,
                      atomic, kernel, mean)
     if fast is not None:
         return fast
     n, w, offset = bwd_checks(dy, residual_out, weight, rstd, d_residual_out, bias_dtype, weight_offset, dx_dtype,
-                               dres_dtype, made_by)
+                               dres_dtype, made_by, row=row)
     has_mean = L.KERNELS[kernel].stats.has_mean
     if has_mean:
-        check_stat(mean, residual_out, "mean", made_by, "residual_out")
+        check_stat(mean, residual_out, "mean", made_by, row)
     has_bias = bias_dtype is not None
     h2, hs = rows_of(residual_out)
     dy2, dys = rows_of(dy)
@@ -303,25 +300,25 @@ def launch_bwd(dy: torch.Tensor, residual_out: torch.Tensor, weight: torch.Tenso
     rows = (h2, dy2, g2, dx, dres)
     vec = R.vector_width(n, (*rows, w), (hs, dys, gs) if g2 is not None else (hs, dys), rows=len(rows))
     dt = L.TORCH_DTYPES[residual_out.dtype]
-    extra = (("rdtype", L.TORCH_DTYPES[dres.dtype] if dres is not None else ""), ("odtype", L.TORCH_DTYPES[dy.dtype]),
-             ("xdtype", L.TORCH_DTYPES[dx_dt]), ("bdtype", "f32" if has_bias else ""),  # db's sums in fp32
-             ("has_dres_out", g2 is not None), ("weight_offset", offset),
-             ("gdtype", L.TORCH_DTYPES[g2.dtype] if g2 is not None else ""))  # d_residual_out in its own type
     with R.on_device(dev):
-        p = R.plan(kernel, dev, n, dt, L.TORCH_DTYPES[w.dtype] if w is not None else dt, BWD_KEY_EPS,
-                   w is not None, False, vec, atomic, extra)
+        p = R.plan(dev, kernel=kernel, n=n, dtype=dt, wdtype=L.TORCH_DTYPES[w.dtype] if w is not None else dt,
+                   eps=BWD_KEY_EPS, has_weight=w is not None, vec=vec, atomic_dw=atomic,
+                   rdtype=L.TORCH_DTYPES[dres.dtype] if dres is not None else "", odtype=L.TORCH_DTYPES[dy.dtype],
+                   xdtype=L.TORCH_DTYPES[dx_dt], bdtype="f32" if has_bias else "",  # db's sums in fp32
+                   has_dres_out=g2 is not None, weight_offset=offset,
+                   gdtype=L.TORCH_DTYPES[g2.dtype] if g2 is not None else "")  # d_residual_out in its own type
     if atomic and not p.layout.dw_regs:
-        raise ValueError(f"atomic=True needs the column sums in registers; N={n} keeps them in memory: use the "
-                         "default atomic=False")
+        raise ValueError(f"{atomic_name}=True needs the column sums in registers; N={n} keeps them in memory: use the "
+                         f"default {atomic_name}=False")
     if vec == R.MAX_VECTOR_BYTES // min(t.element_size() for t in rows if t is not None) and h2 is residual_out \
             and dy2 is dy and g2 is d_residual_out and w is weight:
         _BWD_SEEN[_bwd_key(kernel, dy, residual_out, weight, d_residual_out, bias_dtype, offset, dx_dtype, dres_dtype,
                            atomic, mean)] = (p, None if dx_dt == residual_out.dtype else dx_dt,
                                              dres.dtype if dres is not None else None, has_mean)
-    st = (rstd.data_ptr(), mean.data_ptr()) if has_mean else (rstd.data_ptr(),)
-    _bwd_launch(p, dev, m, n, atomic, (h2.data_ptr(), w.data_ptr() if w is not None else 0, dy2.data_ptr(), *st,
-                                       g2.data_ptr() if g2 is not None else 0, dx.data_ptr(),
-                                       dres.data_ptr() if dres is not None else 0), (hs, dys, gs), dw, db)
+    _bwd_launch(p, dev, m, n, atomic, dw, db, x=h2.data_ptr(), w=w.data_ptr() if w is not None else 0,
+                dy=dy2.data_ptr(), rstd=rstd.data_ptr(), mean=mean.data_ptr() if has_mean else 0,
+                dres_out=g2.data_ptr() if g2 is not None else 0, dx=dx.data_ptr(),
+                dres=dres.data_ptr() if dres is not None else 0, x_stride=hs, dy_stride=dys, dres_out_stride=gs)
     return dx, dres, dw, db
 
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import functools
 import math
+import operator
 import sys
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -21,7 +22,7 @@ from torch.autograd.function import _SingleLevelFunction
 
 from .. import launch as L
 from ..layout import MAX_VECTOR_BYTES, Layout
-from ..options import FLT_MIN, MAX_N
+from ..options import FLT_MIN, MAX_N, Problem
 from ..runtime import LaunchHandle
 
 # ---------------------------------------------------------------------------- checks
@@ -251,12 +252,15 @@ def stat_out(x: torch.Tensor, stored: bool) -> torch.Tensor:
 
 @dataclass(frozen=True)
 class Plan:
-    """A loaded kernel, its layout, and how many blocks a launch over m rows takes."""
+    """A loaded kernel, its layout, and how many blocks a launch over m rows takes. A launch takes
+    the values of its template's arguments by name and packs the kernel's own (KernelSpec.args, the
+    one place their order is written; a template argument the kernel does not take is ignored)."""
 
     handle: LaunchHandle
     layout: Layout
     persistent: bool
     resident: int  # clusters (or blocks) that run at once: a persistent grid's cap
+    pick: Callable[[dict], tuple]  # the kernel's arguments (but grid), in its order, from a dict of values
 
     def grid(self, m: int) -> int:
         groups = -(-m // self.layout.rows)
@@ -266,20 +270,33 @@ class Plan:
         """Clusters (or blocks) of a persistent launch over m rows: its partial rows per slot."""
         return self.grid(m) // self.layout.cluster
 
+    def launch(self, dev: int, grid: int, **values: int) -> None:
+        """The kernel over `grid` blocks on GPU dev's current stream; values: its template's
+        arguments by name (pointers and integers)."""
+        launch(dev, self.handle, grid, *self.pick(values))
+
+
+def picker(kernel: str) -> Callable[[dict], tuple]:
+    """The function that takes a kernel's arguments (but grid, which the launch fills) from a dict
+    of named values, in the kernel's order."""
+    names = [a.name for a in L.KERNELS[kernel].args if a.name != "grid"]
+    get = operator.itemgetter(*names)
+    return get if len(names) > 1 else (lambda values: (get(values),))
+
 
 _plans: dict[tuple, Plan] = L.derived_cache({})
 
 
-def plan(kernel: str, dev: int, n: int, dtype: str, wdtype: str, eps: float, has_weight: bool, store_rstd: bool,
-         vec: int, atomic_dw: bool = False, extra: tuple[tuple[str, object], ...] = ()) -> Plan:
-    """The kernel for a problem, loaded, with its layout and grid (cached); extra: more Options
-    fields as (name, value) pairs."""
-    key = (kernel, dev, n, dtype, wdtype, eps, has_weight, store_rstd, vec, atomic_dw, extra)
+def plan(dev: int, **fields) -> Plan:
+    """The kernel for a problem (options.Problem's fields; the target is the device's), loaded on
+    GPU dev, with its layout and grid (cached)."""
+    key = (dev, *fields.items())
     p = _plans.get(key)
     if p is None:
-        h, lay = L.handle(*key)
+        kernel = fields["kernel"]
+        h, lay = L.handle(Problem(target=L.device_target(dev), **fields), dev)
         persistent = L.KERNELS[kernel].grid == "persistent"
-        p = _plans[key] = Plan(h, lay, persistent, h.resident(sm_count(dev)) if persistent else 0)
+        p = _plans[key] = Plan(h, lay, persistent, h.resident(sm_count(dev)) if persistent else 0, picker(kernel))
     return p
 
 
@@ -289,14 +306,13 @@ class ColumnSums:
     to out's dtype, and with a second output (db) the next parts rows' sums into it, in the same
     launch: a loaded kernel and its grid, for one N and output dtype(s)."""
 
-    handle: LaunchHandle
+    plan: Plan
     grid: int
 
     def launch(self, dev: int, part: int, out: int, parts: int, db: int = 0) -> None:
         """part: the (parts, N) fp32 partial rows' pointer, or (2, parts, N) with db; out: the (N,)
         output's; db: the second (N,) output's (0: none)."""
-        # Positional, in the order of KERNELS["rmsnorm_dw_reduce"].args (part, out, db, parts).
-        launch(dev, self.handle, self.grid, part, out, db, parts)
+        self.plan.launch(dev, self.grid, part=part, out=out, db=db, parts=parts)
 
 
 _sums: dict[tuple, ColumnSums] = L.derived_cache({})
@@ -307,10 +323,9 @@ def column_sums(dev: int, n: int, out_dtype: torch.dtype, db_dtype: torch.dtype 
     key = (dev, n, out_dtype, db_dtype)
     c = _sums.get(key)
     if c is None:
-        extra = (("bdtype", L.TORCH_DTYPES[db_dtype]),) if db_dtype is not None else ()
-        p = plan("rmsnorm_dw_reduce", dev, n, "f32", L.TORCH_DTYPES[out_dtype], BWD_KEY_EPS, True, False,
-                 L.vector_width(n, 4, (), ()), extra=extra)
-        c = _sums[key] = ColumnSums(p.handle, -(-p.layout.nchunk // p.layout.tpr) * (2 if extra else 1))
+        p = plan(dev, kernel="rmsnorm_dw_reduce", n=n, dtype="f32", wdtype=L.TORCH_DTYPES[out_dtype], eps=BWD_KEY_EPS,
+                 vec=L.vector_width(n, 4, (), ()), bdtype=L.TORCH_DTYPES[db_dtype] if db_dtype is not None else "")
+        c = _sums[key] = ColumnSums(p, -(-p.layout.nchunk // p.layout.tpr) * (2 if db_dtype is not None else 1))
     return c
 
 

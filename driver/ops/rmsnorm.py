@@ -10,75 +10,25 @@ from __future__ import annotations
 
 import torch
 
-from .. import launch as L
 from . import _rows as R
-from ._rows import BWD_KEY_EPS, check_eps, check_grad, check_input, check_stat, check_weight, rows_of  # noqa: F401
+from ._fused import bwd_checks, launch_bwd, launch_fwd
+from ._rows import check_eps, check_input, check_weight
 from .fused_add_rmsnorm import fused_norm
+
+FWD, BWD = "rmsnorm_fwd", "rmsnorm_bwd"
 
 # ---------------------------------------------------------------------------- launches
 
 
-# Small calls are dominated by host time, so a call that looks like one already checked and
-# launched (same dtypes, N, weight shape and device, eps, flags; contiguous, 16-byte aligned)
-# skips the checks and the plan lookup: every property they depend on is in the key. Each tensor
-# attribute read costs 0.1-0.2 us, so each is read once, the cheapest tests first.
-_FWD_SEEN: dict[tuple, tuple] = L.derived_cache({})
-_BWD_SEEN: dict[tuple, tuple] = L.derived_cache({})
+MADE_BY = "rmsnorm_fwd(..., store_rstd=True)"
 
 
 def _fwd(x: torch.Tensor, weight: torch.Tensor | None, eps: float,
          store_rstd: bool) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """The forward on real tensors: (y, rstd), rstd None unless store_rstd."""
-    if type(eps) is float and type(store_rstd) is bool and x.dim() and (weight is None or type(weight) in R.PLAIN):
-        dev = x.get_device()
-        n = x.shape[-1]
-        if weight is None:
-            key = (x.dtype, n, dev, eps, store_rstd, None, None, None)
-        else:
-            key = (x.dtype, n, dev, eps, store_rstd, weight.dtype, weight.shape, weight.get_device())
-        hit = _FWD_SEEN.get(key)
-        if hit is not None and x.is_contiguous() and (weight is None or weight.is_contiguous()):
-            h, rows, cluster = hit
-            y = torch.empty_like(x)
-            xp, yp = x.data_ptr(), y.data_ptr()
-            wp = weight.data_ptr() if weight is not None else 0
-            if not (xp | yp | wp) & 15:  # else an unaligned tensor: the general path narrows the vector
-                m = x.numel() // n
-                rstd = R.empty_f32(x.shape, dev, per_row=True) if store_rstd else None
-                if m:
-                    grid = -(-m // rows) * cluster
-                    rp = rstd.data_ptr() if store_rstd else 0
-                    # Positional, in the order of KERNELS["rmsnorm_fwd"].args (x, w, y, rstd, rows,
-                    # x_stride, y_stride): no names to look up on this path.
-                    R.launch(dev, h, grid, xp, wp, yp, rp, m, n, n)
-                return y, rstd
-    eps = check_eps(eps)
-    dt = check_input(x, "x")
-    n = x.shape[-1]
-    w = check_weight(weight, x, n)
-    x2, xs = rows_of(x)
-    m = x2.numel() // n
-    # empty_like is the cheapest allocation call (about 4 us less than torch.empty(shape, ...)).
-    y = torch.empty_like(x) if x2 is x else torch.empty(x.shape, dtype=x.dtype, device=x.device)
-    dev = x.get_device()
-    rstd = R.empty_f32(x.shape, dev, per_row=True) if store_rstd else None
-    if m:
-        vec = R.vector_width(n, (x2, y, w), (xs,))
-        wdt = L.TORCH_DTYPES[w.dtype] if w is not None else dt
-        p = R.plan("rmsnorm_fwd", dev, n, dt, wdt, eps, w is not None, store_rstd, vec)
-        if vec * x.element_size() == 16 and x2 is x:
-            _FWD_SEEN[_fwd_key(x, weight, eps, store_rstd)] = (p.handle, p.layout.rows, p.layout.cluster)
-        with R.on_device(dev):
-            p.handle.launch_named(p.grid(m), L.stream(dev), x=x2.data_ptr(), w=w.data_ptr() if w is not None else 0,
-                                  y=y.data_ptr(), rstd=rstd.data_ptr() if store_rstd else 0, rows=m, x_stride=xs,
-                                  y_stride=n)
+    """The forward on real tensors: (y, rstd), rstd None unless store_rstd (the skeleton's
+    launcher, every feature off, with its fast path for repeated calls)."""
+    y, _, rstd, _ = launch_fwd(x, None, weight, None, eps, None, None, 0.0, store_rstd, False, FWD)
     return y, rstd
-
-
-def _fwd_key(x: torch.Tensor, weight: torch.Tensor | None, eps: float, store_rstd: bool) -> tuple:
-    if weight is None:
-        return (x.dtype, x.shape[-1], x.get_device(), eps, store_rstd, None, None, None)
-    return (x.dtype, x.shape[-1], x.get_device(), eps, store_rstd, weight.dtype, weight.shape, weight.get_device())
 
 
 def _fwd_checks(x, weight, eps, values=True, device=True):
@@ -89,78 +39,15 @@ def _fwd_checks(x, weight, eps, values=True, device=True):
 
 
 def _bwd_checks(x, weight, dy, rstd, device=True):
-    dt = check_input(x, "x", device)
-    n = x.shape[-1]
-    w = check_weight(weight, x, n)
-    check_grad(dy, x, "dy", device=device)
-    check_stat(rstd, x, "rstd", "rmsnorm_fwd(..., store_rstd=True)")
-    return dt, n, w
+    return bwd_checks(dy, x, weight, rstd, None, None, 0.0, None, None, MADE_BY, row="x", device=device)
 
 
 def _bwd(x: torch.Tensor, weight: torch.Tensor | None, dy: torch.Tensor, rstd: torch.Tensor,
          atomic_dw: bool) -> tuple[torch.Tensor, torch.Tensor | None]:
     """The backward on real tensors: (dx, dw), dw None without a weight."""
-    if type(dy) is torch.Tensor and type(rstd) is torch.Tensor and type(atomic_dw) is bool and x.dim() and (
-            weight is None or type(weight) in R.PLAIN):
-        dev = x.get_device()
-        n = x.shape[-1]
-        if weight is None:
-            key = (x.dtype, dy.dtype, n, dev, atomic_dw, None, None, None)
-        else:
-            key = (x.dtype, dy.dtype, n, dev, atomic_dw, weight.dtype, weight.shape, weight.get_device())
-        hit = _BWD_SEEN.get(key)
-        if hit is not None and dy.shape == x.shape and dy.get_device() == dev \
-                and rstd.dtype is torch.float32 and rstd.get_device() == dev and x.is_contiguous() \
-                and dy.is_contiguous() and rstd.is_contiguous() and (weight is None or weight.is_contiguous()):
-            m = x.numel() // n
-            dx = torch.empty_like(x)
-            xp, dyp, dxp = x.data_ptr(), dy.data_ptr(), dx.data_ptr()
-            wp = weight.data_ptr() if weight is not None else 0
-            if m and rstd.numel() == m and not (xp | dyp | dxp | wp) & 15:
-                return dx, _bwd_launch(hit, dev, x, weight, atomic_dw, m, n, xp, wp, dyp, rstd.data_ptr(), dxp, n, n)
-    dt, n, w = _bwd_checks(x, weight, dy, rstd)
-    x2, xs = rows_of(x)
-    dy2, dys = rows_of(dy)
-    rstd = rstd.contiguous()
-    m = x2.numel() // n
-    dx = torch.empty(x.shape, dtype=x.dtype, device=x.device)
-    if m == 0:
-        return dx, (torch.zeros_like(w) if w is not None else None)
-    dev = x.get_device()
-    vec = R.vector_width(n, (x2, dy2, dx, w), (xs, dys), rows=3)
-    wdt = L.TORCH_DTYPES[w.dtype] if w is not None else dt
-    with R.on_device(dev):
-        extra = (("odtype", L.TORCH_DTYPES[dy.dtype]),) if dy.dtype != x.dtype else ()  # dy in its own type
-        p = R.plan("rmsnorm_bwd", dev, n, dt, wdt, BWD_KEY_EPS, w is not None, False, vec, atomic_dw, extra)
-        if atomic_dw and not p.layout.dw_regs:
-            raise ValueError(f"atomic_dw=True needs the dw sums in registers; N={n} in {x.dtype} keeps "
-                             "them in memory: use the default atomic_dw=False")
-        if vec * min(x.element_size(), dy.element_size()) == 16 and x2 is x and dy2 is dy and w is weight:
-            _BWD_SEEN[(x.dtype, dy.dtype, n, dev, atomic_dw) + ((None,) * 3 if w is None else
-                                                      (w.dtype, w.shape, w.get_device()))] = p
-        return dx, _bwd_launch(p, dev, x, w, atomic_dw, m, n, x2.data_ptr(), w.data_ptr() if w is not None else 0,
-                               dy2.data_ptr(), rstd.data_ptr(), dx.data_ptr(), xs, dys)
-
-
-def _bwd_launch(p: R.Plan, dev: int, x: torch.Tensor, w: torch.Tensor | None, atomic_dw: bool, m: int, n: int,
-                xp: int, wp: int, dyp: int, rp: int, dxp: int, xs: int, dys: int) -> torch.Tensor | None:
-    """Launch the backward (and the column sums of dw) on GPU dev; returns dw."""
-    grid = p.grid(m)
-    if w is None:
-        part = parts = 0
-    elif atomic_dw:
-        part, parts = torch.zeros((1, n), dtype=torch.float32, device=x.device), 1
-    else:
-        parts = p.clusters(m) * p.layout.rows
-        part = R.empty_f32((parts, n), dev)
-    # Positional, in the order of KERNELS["rmsnorm_bwd"].args (x, w, dy, rstd, dx, dw_part, rows,
-    # x_stride, dy_stride, dx_stride).
-    R.launch(dev, p.handle, grid, xp, wp, dyp, rp, dxp, part.data_ptr() if w is not None else 0, m, xs, dys, n)
-    if w is None:
-        return None
-    dw = torch.empty_like(w)
-    R.column_sums(dev, n, dw.dtype).launch(dev, part.data_ptr(), dw.data_ptr(), parts)
-    return dw
+    dx, _, dw, _ = launch_bwd(dy, x, weight, rstd, None, None, 0.0, None, None, atomic_dw, kernel=BWD,
+                              made_by=MADE_BY, row="x", atomic_name="atomic_dw")
+    return dx, dw
 
 
 # ---------------------------------------------------------------------------- custom ops
