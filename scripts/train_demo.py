@@ -278,6 +278,7 @@ def main() -> int:
         names = ("normir", "torch") if args.norm == "both" else (args.norm,)
         runs = {name: train(cfg, name, args, mesh, device) for name in names}
         gap = report(args.out, cfg, args, world, runs) if rank == 0 else None
+        dist.barrier()  # the ranks leave together (one torn down while another still writes can abort it)
     finally:
         dist.destroy_process_group()
     if rank == 0:
