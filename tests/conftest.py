@@ -3,6 +3,7 @@
 CPU tier (tests marked `cpu`): each test gets an empty cache folder of its own, no NORMIR_* settings
 inherited from the caller's shell, and a private temporary folder (for the reproduction files that
 compile errors write), so the tier never reads or writes ~/.cache/normir or leaves files in /tmp.
+Fixtures: fake CUDA tensors, and normir's launches emulated on the CPU (cpu_launches).
 """
 
 from __future__ import annotations
@@ -42,3 +43,12 @@ def fake():
 
     with mode:
         yield make
+
+
+@pytest.fixture
+def cpu_launches(monkeypatch):
+    """Every launch the autograd paths make, as CPU torch math, and CPU tensors taken by the
+    checks (the custom ops' fake implementations run them): cpu_emulation.py."""
+    import cpu_emulation
+
+    cpu_emulation.install(monkeypatch.setattr)

@@ -225,7 +225,7 @@ def specializations() -> list[dict]:
         plan += [_fwd(n, "bf16", "bf16", store_rstd=False), _fwd(n, "bf16", "bf16")]
         plan += _bwd(n, "bf16", "bf16") + _bwd(n, "bf16", "bf16", atomic=True)
     plan += fused_specializations() + layer_specializations() + swap_specializations() + integration_specializations()
-    plan += stage_dres_specializations() + training_specializations()
+    plan += stage_dres_specializations() + training_specializations() + distributed_specializations()
     seen, out = set(), []
     for p in plan:
         k = tuple(sorted(p.items()))
@@ -528,4 +528,40 @@ def training_specializations() -> list[dict]:
     plan += [fused_fwd(2048, "bf16", "bf16", "", None)] + fused_bwd(2048, "bf16", "bf16", "", None, o="f32", g="f32")
     for n in TINY_N:
         plan += [layer_fwd(n, "f32", None, None, None)] + layer_bwd(n, "f32", None, None, None)
+    return plan
+
+
+# test_gpu_distributed.py's and scripts/train_demo.py's hidden size (the demo's Config.hidden).
+DIST_N = SWAP_N
+DIST_OTHER = {"bf16": "f32", "f32": "bf16"}  # dresidual's dtype where it is not dx's
+
+
+def distributed_specializations() -> list[dict]:
+    """What test_gpu_distributed.py and scripts/train_demo.py launch (N = DIST_N; RMSNorm's eps 1e-6,
+    LayerNorm's 1e-5): test_distributed_cpu.CASES in bf16 and fp32 (rows, weight and bias in one
+    dtype), one row each; autograd through DTensors (fused_add_layernorm, then rmsnorm of its y);
+    the test block's four modules in bf16 (RMSNorm, FusedAddRMSNorm with a bias, LayerNorm,
+    FusedAddLayerNorm; FSDP2, TP+SP, DDP) and torch's RMSNorm and LayerNorm swapped by replace_norms
+    (the same kernels; their probes' are swap_specializations', SWAP_N = DIST_N); the demo's RMSNorm
+    and FusedAddRMSNorm (bf16, and fp32 for its --dtype fp32). Shards change the rows only, never a
+    kernel; test_distributed_cpu.py checks that these paths ask for nothing else."""
+    n, plan = DIST_N, []
+    for dt in ("bf16", "f32"):
+        plan += [_fwd(n, dt, dt, store_rstd=s) for s in (True, False)]  # rmsnorm_fwd, no rstd
+        plan += _bwd(n, dt, dt) + _bwd(n, dt, dt, has_weight=False)  # rmsnorm_bwd, no weight
+        plan.append(fused_fwd(n, dt, dt, dt, dt, offset=0.5))  # fused_add_rmsnorm_fwd
+        # Inference: residual_out in bf16 is not stored, so x's dtype alone sets the vector width.
+        plan.append(fused_fwd(n, dt, dt, dt, None, s="bf16", store_rstd=False, store_residual=False,
+                              vec=max_vec(n, DTYPES[dt])))
+        plan += fused_bwd(n, dt, dt, dt, "f32", offset=0.5)  # fused_add_rmsnorm_bwd: db in fp32
+        plan += fused_bwd(n, dt, DIST_OTHER[dt], dt, None, s=dt, dres_out=False)  # two dtypes
+        plan.append(layer_fwd(n, dt, dt, dt, dt))  # layernorm_fwd
+        plan.append(layer_fwd(n, dt, None, None, dt, o="bf16", store_rstd=False))  # no residual, y in bf16
+        plan += layer_bwd(n, dt, dt, dt, "f32") + layer_bwd(n, dt, None, None, None)  # layernorm_bwd, no weight
+        plan += layer_bwd(n, dt, dt, dt, dt)  # autograd: the forward is layernorm_fwd's above, then rmsnorm's
+        plan += [fused_fwd(n, dt, dt)] + fused_bwd(n, dt, dt)  # the demo's FusedAddRMSNorm
+    dt = "bf16"  # the test block (its RMSNorm is rmsnorm_fwd's above)
+    plan += [fused_fwd(n, dt, dt, b=dt)] + fused_bwd(n, dt, dt, b=dt)
+    plan += [layer_fwd(n, dt, b=dt)] + layer_bwd(n, dt, b=dt)
+    plan += [layer_fwd(n, dt, dt, b=dt)] + layer_bwd(n, dt, dt, b=dt)
     return plan

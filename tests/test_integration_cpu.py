@@ -3,7 +3,8 @@ eager Functions and the custom ops' registered autograd, with the launches repla
 torch math on CPU tensors), torch.func's transforms over every op (the same launches), the ops
 defined by `import normir` alone, and the output dtypes under torch.autocast("cuda") against
 torch's own norms on fake CUDA tensors (the dispatcher applies autocast's casts to them as to real
-ones). tests/test_gpu_integration.py runs the same on the GPU, with torch.compile and CUDA graphs."""
+ones). The launches' CPU emulation is cpu_emulation.py's (the cpu_launches fixture, conftest.py).
+tests/test_gpu_integration.py runs the same on the GPU, with torch.compile and CUDA graphs."""
 
 from __future__ import annotations
 
@@ -14,79 +15,11 @@ import pytest
 import torch
 
 import normir
-from normir.ops import _fused, _rows, fused_add_rmsnorm, layernorm, rmsnorm
+from normir.ops import _rows
 
 pytestmark = pytest.mark.cpu
 
 F32, F16, BF16 = torch.float32, torch.float16, torch.bfloat16
-
-# ---------------------------------------------------------------------------- launches on the CPU
-
-
-def _rms_fwd(x, weight, eps, store_rstd):
-    with torch.no_grad():
-        rstd = torch.rsqrt(x.float().pow(2).mean(-1) + eps)
-        y = x.float() * rstd[..., None] * (weight.float() if weight is not None else 1.0)
-        return y.to(x.dtype), (rstd if store_rstd else None)
-
-
-def _rms_bwd(x, weight, dy, rstd, atomic_dw):
-    with torch.no_grad():  # the kernels' outputs have no autograd history
-        xh = x.float() * rstd[..., None]
-        wdy = dy.float() * (weight.float() if weight is not None else 1.0)
-        dx = (wdy - xh * (xh * wdy).mean(-1, keepdim=True)) * rstd[..., None]
-        dw = (dy.float() * xh).reshape(-1, x.shape[-1]).sum(0).to(weight.dtype) if weight is not None else None
-        return dx.to(x.dtype), dw
-
-
-def _launch_fwd(x, residual, weight, bias, eps, residual_dtype, out_dtype, weight_offset, store_rstd, store_residual,
-                kernel):
-    with torch.no_grad():
-        h = (x.float() + residual.float()).to(residual_dtype or residual.dtype) if residual is not None else x
-        hf, mean = h.float(), None
-        if kernel.startswith("layernorm"):
-            mean = hf.mean(-1)
-            hf = hf - mean[..., None]
-        rstd = torch.rsqrt(hf.pow(2).mean(-1) + eps)
-        y = hf * rstd[..., None]
-        if weight is not None:
-            y = y * (weight.float() + weight_offset)
-        if bias is not None:
-            y = y + bias.float()
-        stored = residual is not None and store_residual
-        return (y.to(out_dtype or x.dtype), h if stored else None, rstd if store_rstd else None,
-                mean if store_rstd else None)
-
-
-def _launch_bwd(dy, residual_out, weight, rstd, d_residual_out, bias_dtype, weight_offset, dx_dtype, dres_dtype,
-                atomic=False, *, kernel, mean=None, made_by=None):
-    with torch.no_grad():
-        hh = (residual_out.float() - (mean[..., None] if mean is not None else 0.0)) * rstd[..., None]
-        wdy = dy.float() * ((weight.float() + weight_offset) if weight is not None else 1.0)
-        c2 = (hh * wdy).mean(-1, keepdim=True)
-        c1 = wdy.mean(-1, keepdim=True) if mean is not None else 0.0
-        dh = (wdy - c1 - hh * c2) * rstd[..., None]
-        if d_residual_out is not None:
-            dh = dh + d_residual_out.float()
-        rows = (-1, residual_out.shape[-1])
-        dx = dh.to(dx_dtype or residual_out.dtype)
-        dres = dh.to(dres_dtype) if dres_dtype is not None and dres_dtype != dx.dtype else None
-        dw = (dy.float() * hh).reshape(rows).sum(0).to(weight.dtype) if weight is not None else None
-        db = dy.float().reshape(rows).sum(0).to(bias_dtype) if bias_dtype is not None else None
-        return dx, dres, dw, db
-
-
-@pytest.fixture
-def cpu_launches(monkeypatch):
-    """Every launch the autograd paths make, as CPU torch math, and CPU tensors taken by the
-    checks (the custom ops' fake implementations run them)."""
-    monkeypatch.setattr(_rows, "on_gpu", lambda t: True)
-    monkeypatch.setattr(rmsnorm, "_fwd", _rms_fwd)
-    monkeypatch.setattr(rmsnorm, "_bwd", _rms_bwd)
-    for module in (_fused, fused_add_rmsnorm, layernorm):
-        monkeypatch.setattr(module, "launch_fwd", _launch_fwd)
-        monkeypatch.setattr(module, "launch_bwd", _launch_bwd)
-
 
 # ---------------------------------------------------------------------------- double backward
 

@@ -40,14 +40,16 @@ def check_offset(weight_offset: float, weight: torch.Tensor | None, values: bool
     return float(weight_offset)
 
 
-def fwd_checks(x, residual, weight, bias, eps, residual_dtype, out_dtype, weight_offset, values=True):
+def fwd_checks(x, residual, weight, bias, eps, residual_dtype, out_dtype, weight_offset, values=True, device=True):
     """The forward's checks; values=False leaves the floats' values to the custom op's fake
-    implementation (a wrapper about to call the op: see _rows.check_eps)."""
+    implementation (a wrapper about to call the op: see _rows.check_eps), which passes
+    device=False (see _rows.check_input)."""
     eps = check_eps(eps, values)
-    check_input(x, "x")
+    check_input(x, "x", device)
     n = x.shape[-1]
     if residual is not None:
-        check_input(residual, "residual")
+        check_input(residual, "residual", device)
+        R.check_same_kind(residual, x, "residual")
         if residual.shape != x.shape or residual.device != x.device:
             raise ValueError(f"residual must match x in shape and device: residual is {tuple(residual.shape)} on "
                              f"{residual.device}, x is {tuple(x.shape)} on {x.device}")
@@ -167,13 +169,14 @@ def launch_fwd(x: torch.Tensor, residual: torch.Tensor | None, weight: torch.Ten
 
 def bwd_checks(dy, residual_out, weight, rstd, d_residual_out, bias_dtype, weight_offset, dx_dtype, dres_dtype,
                 made_by: str = "fused_add_rmsnorm_fwd(..., store_rstd=True)", values: bool = True,
-                row: str = "residual_out"):
-    """The backward's checks (row: the normalized row's name in messages: x, or residual_out)."""
-    check_input(residual_out, row)
+                row: str = "residual_out", device: bool = True):
+    """The backward's checks (row: the normalized row's name in messages: x, or residual_out;
+    values, device: as fwd_checks')."""
+    check_input(residual_out, row, device)
     n = residual_out.shape[-1]
-    check_grad(dy, residual_out, "dy", row)
+    check_grad(dy, residual_out, "dy", row, device)
     if d_residual_out is not None:
-        check_grad(d_residual_out, residual_out, "d_residual_out", row)
+        check_grad(d_residual_out, residual_out, "d_residual_out", row, device)
     w = R.check_weight(weight, residual_out, n)
     check_stat(rstd, residual_out, "rstd", made_by, row)
     check_dtype(bias_dtype, "bias_dtype")

@@ -12,6 +12,7 @@ from __future__ import annotations
 import functools
 import math
 import operator
+import sys
 from collections.abc import Callable
 from dataclasses import dataclass
 from functools import cache
@@ -48,12 +49,36 @@ def on_gpu(t: torch.Tensor) -> bool:
     return t.is_cuda
 
 
-def check_input(x: torch.Tensor, name: str) -> str:
-    """A row tensor: on a GPU, a supported dtype, 1 <= N <= MAX_N. Returns its dtype's name."""
+def dtensor(t: object) -> bool:
+    """t is a DTensor. torch.distributed.tensor is not imported for it: before the program has
+    imported it, no DTensor exists."""
+    module = sys.modules.get("torch.distributed.tensor")
+    return module is not None and isinstance(t, module.DTensor)
+
+
+def off_gpu(t: torch.Tensor, name: str) -> str:
+    """Why the kernels cannot read t, which is not on a GPU, and the fix."""
+    if dtensor(t):
+        return (f"{name} is a DTensor on a {t.device_mesh.device_type} device mesh; normir runs on GPUs: make the mesh "
+                f"on them (init_device_mesh(\"cuda\", ...)) and distribute {name} there")
+    if t.is_meta:
+        return (f"{name} is on the meta device (a shape without data); normir runs on GPUs: materialize it there first "
+                "(module.to_empty(device=\"cuda\"), then initialize the parameters)")
+    return f"{name} is on {t.device}; normir runs on GPUs: move it with {name}.cuda()"
+
+
+def check_input(x: torch.Tensor, name: str, device: bool = True) -> str:
+    """A row tensor: on a GPU, a supported dtype, 1 <= N <= MAX_N. Returns its dtype's name.
+
+    device=False leaves out the GPU test: the custom ops' fake implementations pass it, as they run
+    on fake tensors whose device may not be the caller's. DTensor's sharding propagation makes
+    its own without a device in torch 2.11 (CPU ones) for the global shapes; the device is checked
+    where it is known, on the real tensors of a launch and on what a public function is given (a
+    DTensor's device is its mesh's)."""
     if not isinstance(x, torch.Tensor):
         raise TypeError(f"{name} must be a torch.Tensor, got {type(x).__name__}")
-    if not on_gpu(x):
-        raise ValueError(f"{name} is on {x.device}; normir runs on GPUs: move it with {name}.cuda()")
+    if device and not on_gpu(x):
+        raise ValueError(off_gpu(x, name))
     dt = L.dtype_name(x.dtype, name)
     if x.dim() < 1:
         raise ValueError(f"{name} must have at least one dimension (the normalized one), got a scalar")
@@ -66,10 +91,27 @@ def check_input(x: torch.Tensor, name: str) -> str:
     return dt
 
 
-def check_grad(t: torch.Tensor, x: torch.Tensor, name: str, x_name: str = "x") -> None:
+def check_same_kind(t: torch.Tensor, x: torch.Tensor, name: str, x_name: str = "x") -> None:
+    """t and x are both DTensors or neither: an op on DTensors runs on their local shards, which a
+    plain tensor beside them is not (DTensor refuses the mix with a message that names no argument;
+    the eager launch would read a DTensor's wrapper, which has no data)."""
+    if dtensor(t) == dtensor(x):
+        return
+    if dtensor(x):
+        raise ValueError(f"{name} is a torch.Tensor but {x_name} is a DTensor: pass both as DTensors on one mesh (a "
+                         f"module's parameters: parallelize it, e.g. with normir.ops.distributed.SequenceParallel; a "
+                         f"tensor: distribute_tensor or DTensor.from_local), or both as local tensors "
+                         f"({x_name}.to_local())")
+    raise ValueError(f"{name} is a DTensor but {x_name} is a torch.Tensor: pass both as DTensors on one mesh "
+                     f"(SequenceParallel makes a norm's input one: DTensor.from_local({x_name}, mesh, placements)), "
+                     f"or both as local tensors ({name}.to_local())")
+
+
+def check_grad(t: torch.Tensor, x: torch.Tensor, name: str, x_name: str = "x", device: bool = True) -> None:
     """An incoming gradient (dy, d_residual_out): a row tensor of x's (named x_name) shape and
     device, in any of the three float dtypes whatever x's (the kernels read it in its own type)."""
-    check_input(t, name)
+    check_input(t, name, device)
+    check_same_kind(t, x, name, x_name)
     if t.shape != x.shape or t.device != x.device:
         raise ValueError(f"{name} must match {x_name} in shape and device: {name} is {tuple(t.shape)} on "
                          f"{t.device}, {x_name} is {tuple(x.shape)} on {x.device}")
@@ -82,6 +124,7 @@ def check_weight(weight: torch.Tensor | None, x: torch.Tensor, n: int, name: str
         return None
     if not isinstance(weight, torch.Tensor):
         raise TypeError(f"{name} must be a torch.Tensor or None, got {type(weight).__name__}")
+    check_same_kind(weight, x, name)
     if weight.get_device() != x.get_device():
         raise ValueError(f"{name} is on {weight.device} but x is on {x.device}; put both on one device")
     L.dtype_name(weight.dtype, name)
@@ -93,6 +136,8 @@ def check_weight(weight: torch.Tensor | None, x: torch.Tensor, n: int, name: str
 def check_stat(stat: torch.Tensor, x: torch.Tensor, name: str, made_by: str, x_name: str = "x") -> None:
     """A per-row fp32 statistic the forward stored (rstd): x.shape[:-1] elements on x's device
     (x named x_name)."""
+    if isinstance(stat, torch.Tensor):
+        check_same_kind(stat, x, name, x_name)
     if not isinstance(stat, torch.Tensor) or stat.dtype != torch.float32 or stat.device != x.device \
             or stat.numel() != x.numel() // max(x.shape[-1], 1):
         raise ValueError(f"{name} must be the float32 tensor of shape {x_name}.shape[:-1] on {x_name}'s device "

@@ -50,7 +50,7 @@ def _fwd_op(x: torch.Tensor, residual: torch.Tensor | None, weight: torch.Tensor
 
 @_fwd_op.register_fake
 def _(x, residual, weight, bias, eps, residual_dtype, out_dtype, weight_offset, store_rstd, store_residual):
-    fwd_checks(x, residual, weight, bias, eps, residual_dtype, out_dtype, weight_offset)
+    fwd_checks(x, residual, weight, bias, eps, residual_dtype, out_dtype, weight_offset, device=False)
     y = x.new_empty(x.shape, dtype=out_dtype or x.dtype)
     stored = store_residual and residual is not None
     res_out = x.new_empty(x.shape if stored else (0,), dtype=(residual_dtype or residual.dtype) if stored else x.dtype)
@@ -70,7 +70,8 @@ def _bwd_op(dy: torch.Tensor, residual_out: torch.Tensor, weight: torch.Tensor |
 
 @_bwd_op.register_fake
 def _(dy, residual_out, weight, rstd, d_residual_out, bias_dtype, weight_offset, dx_dtype, dres_dtype):
-    n = bwd_checks(dy, residual_out, weight, rstd, d_residual_out, bias_dtype, weight_offset, dx_dtype, dres_dtype)[0]
+    n = bwd_checks(dy, residual_out, weight, rstd, d_residual_out, bias_dtype, weight_offset, dx_dtype, dres_dtype,
+                   device=False)[0]
     return fake_bwd_outputs(residual_out, weight, n, bias_dtype, dx_dtype, dres_dtype)
 
 

@@ -53,7 +53,7 @@ def _fwd_op(x: torch.Tensor, residual: torch.Tensor | None, weight: torch.Tensor
 
 @_fwd_op.register_fake
 def _(x, residual, weight, bias, eps, residual_dtype, out_dtype, store_stats, store_residual):
-    fwd_checks(x, residual, weight, bias, eps, residual_dtype, out_dtype, 0.0)
+    fwd_checks(x, residual, weight, bias, eps, residual_dtype, out_dtype, 0.0, device=False)
     y = x.new_empty(x.shape, dtype=out_dtype or x.dtype)
     stored = store_residual and residual is not None
     res_out = x.new_empty(x.shape if stored else (0,), dtype=(residual_dtype or residual.dtype) if stored else x.dtype)
@@ -73,7 +73,8 @@ def _bwd_op(dy: torch.Tensor, residual_out: torch.Tensor, weight: torch.Tensor |
 
 @_bwd_op.register_fake
 def _(dy, residual_out, weight, mean, rstd, d_residual_out, bias_dtype, dx_dtype, dres_dtype):
-    n = bwd_checks(dy, residual_out, weight, rstd, d_residual_out, bias_dtype, 0.0, dx_dtype, dres_dtype, MADE_BY)[0]
+    n = bwd_checks(dy, residual_out, weight, rstd, d_residual_out, bias_dtype, 0.0, dx_dtype, dres_dtype, MADE_BY,
+                   device=False)[0]
     _check_mean(mean, residual_out)
     return fake_bwd_outputs(residual_out, weight, n, bias_dtype, dx_dtype, dres_dtype)
 

@@ -31,8 +31,15 @@ def _fwd(x: torch.Tensor, weight: torch.Tensor | None, eps: float,
     return y, rstd
 
 
-def _bwd_checks(x, weight, dy, rstd):
-    return bwd_checks(dy, x, weight, rstd, None, None, 0.0, None, None, MADE_BY, row="x")
+def _fwd_checks(x, weight, eps, values=True, device=True):
+    """The forward's checks (values, device: as _fused.fwd_checks')."""
+    check_eps(eps, values)
+    check_input(x, "x", device)
+    check_weight(weight, x, x.shape[-1])
+
+
+def _bwd_checks(x, weight, dy, rstd, device=True):
+    return bwd_checks(dy, x, weight, rstd, None, None, 0.0, None, None, MADE_BY, row="x", device=device)
 
 
 def _bwd(x: torch.Tensor, weight: torch.Tensor | None, dy: torch.Tensor, rstd: torch.Tensor,
@@ -55,9 +62,7 @@ def _fwd_op(x: torch.Tensor, weight: torch.Tensor | None, eps: float, store_rstd
 
 @_fwd_op.register_fake
 def _(x, weight, eps, store_rstd):
-    check_eps(eps)
-    check_input(x, "x")
-    check_weight(weight, x, x.shape[-1])
+    _fwd_checks(x, weight, eps, device=False)
     return torch.empty_like(x), R.stat_out(x, store_rstd)
 
 
@@ -71,7 +76,7 @@ def _bwd_op(x: torch.Tensor, weight: torch.Tensor | None, dy: torch.Tensor, rstd
 
 @_bwd_op.register_fake
 def _(x, weight, dy, rstd, atomic_dw):
-    _bwd_checks(x, weight, dy, rstd)
+    _bwd_checks(x, weight, dy, rstd, device=False)
     dw = torch.empty_like(weight) if weight is not None else x.new_empty((0,))
     return torch.empty_like(x), dw
 
@@ -110,6 +115,7 @@ def rmsnorm_fwd(x: torch.Tensor, weight: torch.Tensor | None = None, eps: float 
     """
     if R.eager(x):  # launch directly
         return _fwd(x, weight, eps, store_rstd)
+    _fwd_checks(x, weight, eps, values=False)  # the fake implementation leaves the device out
     y, rstd = _fwd_op(x, weight, eps, store_rstd)
     return y, (rstd if store_rstd else None)
 
@@ -124,6 +130,7 @@ def rmsnorm_bwd(x: torch.Tensor, weight: torch.Tensor | None, dy: torch.Tensor, 
     """
     if R.eager(x):
         return _bwd(x, weight, dy, rstd, atomic_dw)
+    _bwd_checks(x, weight, dy, rstd)
     dx, dw = _bwd_op(x, weight, dy, rstd, atomic_dw)
     return dx, (dw if weight is not None else None)
 
@@ -172,6 +179,7 @@ def rmsnorm(x: torch.Tensor, weight: torch.Tensor | None = None, eps: float = 1e
         need_grad = torch.is_grad_enabled() and (x.requires_grad or (weight is not None and weight.requires_grad))
         if R.eager(x):  # without a gradient to take, the launch alone: no Function, no rstd stored
             return _apply(x, weight, eps) if need_grad else _fwd(x, weight, eps, False)[0]
+        _fwd_checks(x, weight, eps, values=False)  # the fake implementation leaves the device out
         return _fwd_op(x, weight, eps, need_grad)[0]
     return fused_norm(x, residual, weight, bias, eps, residual_dtype, out_dtype, weight_offset, prenorm)
 
