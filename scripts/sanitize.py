@@ -8,7 +8,8 @@ d_residual_out in other dtypes than the row, each checked against the float64 re
     compute-sanitizer --tool memcheck python scripts/sanitize.py [layernorm [N ...]]
 
 With `layernorm`, only the LayerNorm cases (after a change to LayerNorm's layouts alone); with N
-too, only SANITIZE_LN's cases of those N, the policy's layouts.
+too, only SANITIZE_LN's cases of those N, the policy's layouts. With `gradients`, only the
+backwards with gradients in their own dtypes.
 """
 
 import os
@@ -66,6 +67,8 @@ STAGE_DRES_FORCED = ",".join(f"{kernel}:{n}={tpr_value(k)}" for kernel, n, k in 
 
 
 def main() -> None:
+    if sys.argv[1:2] == ["gradients"]:
+        atomic_and_report(gradient_dtype_cases())
     if sys.argv[1:2] == ["layernorm"]:
         ns = {int(n) for n in sys.argv[2:]}
         if ns:
