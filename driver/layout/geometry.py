@@ -91,9 +91,8 @@ class Layout:
     def dres_at(self) -> int:
         """Where STAGE_DRES's chunks begin in the dynamic shared memory: past the STAGE buffers, or
         past the slots there."""
-        if self.stage:
-            return self.stage_buffers * self.k * self.block * MAX_VECTOR_BYTES
-        return self.slot_bytes if self.dyn_slots else 0
+        buffers = self.stage_buffers * self.k * self.block * MAX_VECTOR_BYTES
+        return buffers if self.stage else self.slot_bytes if self.dyn_slots else 0
 
     @property
     def smem_bytes(self) -> int:
@@ -128,17 +127,11 @@ class Layout:
     @property
     def unroll_limit(self) -> int:
         """Unroll the chunk loops fully only when a private array must become registers."""
-        return targets.UNROLL_LIMIT if (self.cache_row or self.dw_regs or self.prefetch_w or self.overlap > 0
-                                        or self.batch_reload) else 0
+        private = self.cache_row or self.dw_regs or self.prefetch_w or self.overlap > 0 or self.batch_reload
+        return targets.UNROLL_LIMIT if private else 0
 
 
 # ---------------------------------------------------------------------------- what a decision reads
-
-
-def held(dtype: str) -> int:
-    """Register bytes per element of a row held across the reduction: bf16 stays packed (the
-    late_ext piece keeps LLVM from holding fp32 copies), f16 and f32 are held as fp32."""
-    return 2 if dtype == "bf16" else 4
 
 
 @dataclass(frozen=True)
@@ -170,8 +163,12 @@ class Ctx:
 
 
 def context(p: Problem, ov: Overrides, tgt: targets.Target, spec: KernelSpec) -> Ctx:
+    """The register bytes an element of the rows held takes: bf16 stays packed (the late_ext piece
+    keeps LLVM from holding fp32 copies), f16 and f32 are held as fp32; where pass 1 reads more rows
+    than it keeps (the fused add's x and residual, summed into h), its loads in flight, which the
+    compiler issues together."""
     w, t, reads = spec.work, p.types, spec.work.reads_for(p)
-    kept = sum(held(t[x]) for x in w.held_rows)
+    kept = sum(2 if t[x] == "bf16" else 4 for x in w.held_rows)
     hb = max(kept, sum(DTYPES[t[x]] for x in reads)) if w.held is not None else kept
     return Ctx(p, ov, tgt, w, hb, spec.grid, spec.stats.kept, w.sums, w.after_norm, len(reads), len(w.late_for(p)),
                w.col_sums + (1 if w.bias_sums and p.bdtype else 0), DTYPES[p.dtype], p.has_weight, bool(p.bdtype),
@@ -246,11 +243,9 @@ def split(n: int, vec: int, tgt: targets.Target, cluster: int, tpr: int, wants_s
     """Blocks per row: the forced `cluster`, else the smallest power of two (up to MAX_CLUSTER,
     keeping whole vectors per block) for which wants_split(cluster) is false. A row shared by a
     cluster is one row per block of whole warps, so a forced tpr below the warp never splits."""
-    if cluster:
-        return cluster
+    if cluster or 0 < tpr <= tgt.warp:
+        return cluster or 1
     c = 1
-    if 0 < tpr <= tgt.warp:
-        return c
     while tgt.clusters and c < MAX_CLUSTER and n % (2 * c * vec) == 0 and wants_split(c):
         c *= 2
     return c
@@ -285,15 +280,13 @@ def row_block(n: int, vec: int, held_bytes: int, tgt: targets.Target, tpr: int =
     shared = nchunk < warp * 4 or (nchunk == warp * 4 and not tgt.is_nvidia)
     k = 4 if shared or warp * 4 < nchunk <= 1024 else 2 if nchunk == warp * 4 else 8
     tpr, rows = _cover(nchunk, tpr, warp, shared, k, top)
-    k = -(-nchunk // tpr)
-    budget = tgt.reg_budget_bytes(tpr * rows)
+    k, budget = -(-nchunk // tpr), tgt.reg_budget_bytes(tpr * rows)
     cache_row = k * vec * held_bytes <= budget
     prefetch_w = cache_row and k * vec * (held_bytes + w_bytes) <= budget
     if tgt.hoists_weight and tpr * rows >= MAX_THREADS:
         # AMDGPU at 1024 threads holds w as fp32 and bf16 rows unpacked: no w beside the row, nor
         # more than 64 elements of it (scratch at N=65536 and 131072 in bf16).
-        prefetch_w = False
-        cache_row = cache_row and k * vec <= AMD_1024_ROW_ELEMENTS
+        prefetch_w, cache_row = False, cache_row and k * vec <= AMD_1024_ROW_ELEMENTS
     return Layout(vec=vec, tpr=tpr, rows=rows, k=k, kfull=nchunk // tpr, nchunk=nchunk, cache_row=cache_row, warp=warp,
                   prefetch_w=prefetch_w)
 
@@ -339,8 +332,7 @@ def bwd_block(c: Ctx, n: int, vec: int, tpr: int = 0) -> Layout:
     fits = [-(-nchunk // t) * vec * dw_bytes <= tgt.reg_budget_bytes(t, BWD_OVERHEAD_REGS) for t in (tpr, half)]
     if not (chosen or shared) and tpr > half and fits == [False, True]:
         tpr = half  # the sums fit 512 threads of more chunks, not the 1024
-    k = -(-nchunk // tpr)
-    budget = tgt.reg_budget_bytes(tpr * rows, overhead_regs=BWD_OVERHEAD_REGS)
+    k, budget = -(-nchunk // tpr), tgt.reg_budget_bytes(tpr * rows, overhead_regs=BWD_OVERHEAD_REGS)
     hold = nchunk <= 256 or (c.row_sums > 1 and not c.late_reads and k <= 2)
     return Layout(vec=vec, tpr=tpr, rows=rows, k=k, kfull=nchunk // tpr, nchunk=nchunk, warp=warp,
                   cache_row=hold and k * vec * (4 * c.col_sums + c.hb) <= budget, dw_regs=k * vec * dw_bytes <= budget,
@@ -382,8 +374,6 @@ def reduce_layout(n: int, vec: int, warp: int) -> Layout:
     for short rows (at most 512 chunks), 32 x 8 for long ones (8192 chunks or more)
     (`docs/results/2026-12-03-h200.md` runs g, h, j)."""
     nchunk = n // vec
-    if nchunk >= REDUCE_LONG_CHUNKS:
-        cols, rows = REDUCE_CT_LONG, REDUCE_RT_LONG
-    else:
-        cols, rows = REDUCE_CT, REDUCE_RT_SHORT if nchunk <= REDUCE_SHORT_CHUNKS else REDUCE_RT
+    cols, rows = (REDUCE_CT_LONG, REDUCE_RT_LONG) if nchunk >= REDUCE_LONG_CHUNKS else \
+        (REDUCE_CT, REDUCE_RT_SHORT if nchunk <= REDUCE_SHORT_CHUNKS else REDUCE_RT)
     return Layout(vec=vec, tpr=cols, rows=rows, k=1, kfull=1, nchunk=nchunk, cache_row=False, warp=warp)

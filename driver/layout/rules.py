@@ -53,6 +53,7 @@ BWD_SUMS_REGS, BWD_SUMS4_REGS = 128, 200
 MEASURED = {"rows": dict(kept=("rms", "centered"), row_sums=(1, 3), after_norm=((),)),
             "persistent": dict(kept=("rms", "centered"), row_sums=(1, 2), after_norm=((),))}
 SHAPE = "vec tpr rows k kfull nchunk cluster"  # the fields a row's covering sets
+HELD, STREAM = SHAPE + " cache_row", "tpr rows k kfull cache_row prefetch_w hints"  # a row held; the streamed reading
 # What the geometry derives from a covering: a shape rule's new covering may change them, and a rule
 # after it may still decide them (they are not the shape rule's unless it names them).
 DERIVED = frozenset({"cache_row", "prefetch_w", "dw_regs"})
@@ -124,8 +125,8 @@ def narrow(c: Ctx, lay: Layout) -> Layout | None:
         return replace(clustered(share, w), min_blocks=w) if w > 1 else share
 
 
-@rule("rows", "cache_row prefetch_w", "tests/test_gfx950_scratch.py", on="gfx950", weight=True, bias=True,
-      needs="hoists_weight", keeps="cache_row")
+@rule("rows", "cache_row prefetch_w", "test_gfx950_scratch", on="gfx950", vendor="amd", weight=True, bias=True,
+      keeps="cache_row")
 def amd_wb_reread(c: Ctx, lay: Layout) -> Layout | None:
     """AMDGPU at 1024 threads holding w and b beside more than AMD_1024_ROW_ELEMENTS_WB row elements
     a thread spills (12 bytes at N=65536 in bf16): the row is read again."""
@@ -133,8 +134,7 @@ def amd_wb_reread(c: Ctx, lay: Layout) -> Layout | None:
         return replace(lay, cache_row=False, prefetch_w=False)
 
 
-@rule("rows", SHAPE + " cache_row", "v78 v146", kept="centered", reads=2, x_bytes=2, needs="clusters", keeps=POLICY,
-      shape=True)
+@rule("rows", HELD, "v78 v146", kept="centered", reads=2, x_bytes=2, needs="clusters", keeps=POLICY, shape=True)
 def wide_sums_held(c: Ctx, lay: Layout) -> Layout | None:
     """Two reads of LayerNorm's rows that stream in 1024 threads or split over a cluster (N=32768,
     65536): held over FWD_WIDE_SUMS_CLUSTER blocks of 128 threads, 4 or 8 whole 16-byte chunks a thread."""
@@ -145,7 +145,7 @@ def wide_sums_held(c: Ctx, lay: Layout) -> Layout | None:
             return held
 
 
-@rule("rows", SHAPE + " cache_row", "v82 v83 v84", kept="centered", reads=1, vendor="nvidia", keeps=POLICY, shape=True)
+@rule("rows", HELD, "v82 v83 v84", kept="centered", reads=1, vendor="nvidia", keeps=POLICY, shape=True)
 def even_rows(c: Ctx, lay: Layout) -> Layout | None:
     """One read of LayerNorm's rows of at most FWD_EVEN_MAX_CHUNKS 16-byte chunks whose layout (the
     streamed one in its range, else the row's) leaves a masked chunk: split evenly, held."""
@@ -154,7 +154,7 @@ def even_rows(c: Ctx, lay: Layout) -> Layout | None:
         return _held(_even_split(c))
 
 
-@rule("rows", SHAPE + " cache_row", "v73 v75 v76", kept="centered", reads=1, keeps=POLICY, shape=True)
+@rule("rows", HELD, "v73 v75 v76", kept="centered", reads=1, keeps=POLICY, shape=True)
 def held_ragged(c: Ctx, lay: Layout) -> Layout | None:
     """One read of LayerNorm's rows in the streaming range whose chunks do not fill whole warps
     (N=2880): held at the streamed threads, no L2 hints (Chan's merges of unequal counts)."""
@@ -163,7 +163,7 @@ def held_ragged(c: Ctx, lay: Layout) -> Layout | None:
         return _held(row_block(c.p.n, lay.vec, c.hb, c.tgt, s.tpr, DTYPES[c.p.wdtype]))
 
 
-@rule("rows", SHAPE + " cache_row", "v68 v85", kept="centered", reads=2, keeps=POLICY, shape=True)
+@rule("rows", HELD, "v68 v85", kept="centered", reads=2, keeps=POLICY, shape=True)
 def held_pairs(c: Ctx, lay: Layout) -> Layout | None:
     """Two reads of LayerNorm's rows that would stream one chunk a thread over warps not a power of
     two: held at 2 chunks a thread where those fill whole warps, else split evenly."""
@@ -173,7 +173,7 @@ def held_pairs(c: Ctx, lay: Layout) -> Layout | None:
         return _held(row_block(c.p.n, lay.vec, c.hb, c.tgt, tpr, DTYPES[c.p.wdtype]) if tpr else _even_split(c))
 
 
-@rule("rows", "tpr rows k kfull cache_row prefetch_w hints cast_words", "v102", kept="centered", reads=1, vendor="nvidia",
+@rule("rows", STREAM + " cast_words", "v102", kept="centered", reads=1, vendor="nvidia",
       keeps=POLICY + " cast_words batch_reload min_blocks", shape=True)
 def streamed_words(c: Ctx, lay: Layout) -> Layout | None:
     """One read of LayerNorm's bf16 rows, streamed in 4 chunks a thread over warps not a power of two:
@@ -184,8 +184,7 @@ def streamed_words(c: Ctx, lay: Layout) -> Layout | None:
         return replace(s, batch_reload=False, cast_words=True)
 
 
-@rule("rows", "tpr rows k kfull cache_row prefetch_w hints batch_reload", "v36 v37 v49 v57 v58 v63 v64 v68 v69 v70 v72 "
-      "v73 v74", keeps=POLICY, shape=True)
+@rule("rows", STREAM + " batch_reload", "v36 v37 v49 v57 v58 v63 v64 v68 v69 v70 v72 v73 v74", keeps=POLICY, shape=True)
 def streamed(c: Ctx, lay: Layout) -> Layout | None:
     """Rows of FWD_STREAM_CHUNKS 16-byte chunks are read twice with L2 and L1 hints
     (geometry.streamed_row): fewer live registers and short blocks beat holding the row."""
@@ -230,13 +229,12 @@ def two_pass(c: Ctx, lay: Layout) -> Layout | None:
 # ---------------------------------------------------------------------------- the backwards
 
 
-@rule("persistent", "tpr k kfull", "tests/test_gfx950_scratch.py", on="gfx950", needs="hoists_weight", keeps="tpr",
-      shape=True)
+@rule("persistent", "tpr k kfull", "test_gfx950_scratch", on="gfx950", vendor="amd", keeps="tpr", shape=True)
 def amd_rolled(c: Ctx, lay: Layout) -> Layout | None:
     """AMDGPU rows, column sums in memory, at a count of chunks a thread that LLVM fully unrolls into
     a spill (AMD_UNROLL_K), or in chunks wider than 16 bytes (a gradient or residual_out of a wider
     type: AMD_WIDE_ROLLED_K): enough chunks a thread that the chunk loops stay rolled."""
-    lo, hi, k = AMD_UNROLL_K[c.p.has_weight].get(lay.vec, (0, 0, 0)) if lay.vec == 8 or G.held(c.p.dtype) == 4 else (0,) * 3
+    lo, hi, k = AMD_UNROLL_K[c.p.has_weight].get(lay.vec, (0, 0, 0)) if lay.vec == 8 or c.p.dtype != "bf16" else (0,) * 3
     wide = lay.vec * max(DTYPES[t] for t in c.work.types_for(c.p)) > MAX_VECTOR_BYTES
     if lay.dw_regs or lay.rows > 1 or not (wide or lo <= lay.k < hi):
         return None
@@ -322,8 +320,8 @@ def _db_smem_choice(c: Ctx, lay: Layout) -> tuple[bool, int, int] | None:
     return gains[0] if gains else None
 
 
-@rule("persistent", SHAPE + " cache_row db_smem min_blocks", "v86 v88 v89 v111 v118 v119 v120", kept="centered",
-      col_sums=2, x_bytes=2, vendor="nvidia", keeps="tpr cluster db_smem", shape=True)
+@rule("persistent", HELD + " db_smem min_blocks", "v86 v88 v89 v111 v115 v116 v118 v119 v120", kept="centered", col_sums=2,
+      x_bytes=2, vendor="nvidia", keeps="tpr cluster db_smem", shape=True)
 def even_halves(c: Ctx, lay: Layout) -> Layout | None:
     """LayerNorm's 16-bit backward over 2 blocks, held (its own) or read again (its fused add's), goes
     to one block where that holds more rows at once than the 2 blocks as db_smem would cap them (the
@@ -352,20 +350,19 @@ def even_halves(c: Ctx, lay: Layout) -> Layout | None:
     return best
 
 
-@rule("persistent", SHAPE + " cache_row db_smem min_blocks", "v81 v86 v87", late_reads=1, col_sums=2,
-      needs="min_blocks_attr", keeps="tpr cluster", shape=True)
+@rule("persistent", HELD + " db_smem min_blocks", "v81 v86 v87", late_reads=1, col_sums=2, needs="min_blocks_attr",
+      keeps="tpr cluster", shape=True)
 def pow2_warps(c: Ctx, lay: Layout) -> Layout | None:
     """Both column sums beside d_residual_out over 2 blocks of 5-7 warps: 4 blocks of BWD_WIDE_WARPS
     warps, held, both sums in shared memory, capped for DB_SMEM_REGS_BOTH, where that holds more rows
     at once than the sums in registers (w no wider than x)."""
     quad = 2 * lay.cluster
-    if not (lay.cluster == 2 and DTYPES[c.p.wdtype] <= c.x_bytes and lay.wpr > G.BWD_WIDE_WARPS
-            and lay.wpr & (lay.wpr - 1) and c.p.n % (quad * lay.vec) == 0):
-        return None
-    new = clustered(bwd_block(c, c.p.n // quad, lay.vec, G.BWD_WIDE_WARPS * lay.warp), quad)
-    if 2 * new.k * new.block * new.vec * 4 <= G.MAX_DB_SMEM_BYTES \
-            and G.rows_at_once(c.tgt, new, DB_SMEM_REGS_BOTH) > G.rows_at_once(c.tgt, lay, BWD_SUMS_REGS):
-        return replace(new, cache_row=True, db_smem=3, min_blocks=resident(c.tgt, new, DB_SMEM_REGS_BOTH))
+    if lay.cluster == 2 and DTYPES[c.p.wdtype] <= c.x_bytes and lay.wpr > G.BWD_WIDE_WARPS and lay.wpr & (lay.wpr - 1) \
+            and c.p.n % (quad * lay.vec) == 0:
+        new = clustered(bwd_block(c, c.p.n // quad, lay.vec, G.BWD_WIDE_WARPS * lay.warp), quad)
+        if 2 * new.k * new.block * new.vec * 4 <= G.MAX_DB_SMEM_BYTES \
+                and G.rows_at_once(c.tgt, new, DB_SMEM_REGS_BOTH) > G.rows_at_once(c.tgt, lay, BWD_SUMS_REGS):
+            return replace(new, cache_row=True, db_smem=3, min_blocks=resident(c.tgt, new, DB_SMEM_REGS_BOTH))
 
 
 @rule("persistent", "max_regs", "v90 v91", late_reads=1, col_sums=2, x_bytes=2, needs="max_regs_attr", keeps="tpr cluster")
@@ -387,8 +384,8 @@ def _quads(c: Ctx, lay: Layout) -> int:
     return quads if quads in (2, 4, 8) and bf16 and c.ov.stage_dres != 0 else 0
 
 
-@rule("persistent", SHAPE + " cache_row db_smem stage_dres", "v164 v165 v167 v168", kept="centered", col_sums=2,
-      weight=True, needs="clusters stage_piece", keeps=QUAD_KEEPS, shape=True)
+@rule("persistent", HELD + " db_smem stage_dres", "v164 v165", kept="centered", col_sums=2, weight=True,
+      needs="clusters stage_piece", keeps=QUAD_KEEPS, shape=True)
 def held_quads(c: Ctx, lay: Layout) -> Layout | None:
     """LayerNorm's long bf16 backward rows held in 4 chunks a thread over 2, 4 or 8 blocks of
     HELD_QUAD_THREADS, both column sums in dynamic shared memory, and its fused add's d_residual_out
@@ -450,8 +447,8 @@ def l2_prefetch(c: Ctx, lay: Layout) -> Layout | None:
         return replace(lay, l2_prefetch=True)
 
 
-@rule("persistent", "cache_row db_smem min_blocks", "v75 v76 v77 v80 v91 v92 v94 v112 v116 v122 v123", weight=True,
-      bias=True, needs="min_blocks_attr", keeps="db_smem")
+@rule("persistent", "cache_row db_smem min_blocks", "v75 v76 v77 v80 v91 v92 v94 v112 v116 v122 v123", bias=True,
+      weight=True, needs="min_blocks_attr", keeps="db_smem")
 def db_smem(c: Ctx, lay: Layout) -> Layout | None:
     """With a bias, db's column sums (or db's and dw's) go to shared memory where the registers that
     frees buy resident blocks, capped at a level ptxas kept them unspilled (_db_smem_choice); not
