@@ -168,8 +168,8 @@ def context(p: Problem, ov: Overrides, tgt: targets.Target, spec: KernelSpec) ->
     than it keeps (the fused add's x and residual, summed into h), its loads in flight, which the
     compiler issues together."""
     w, t, reads = spec.work, p.types, spec.work.reads_for(p)
-    kept = sum(2 if t[x] == "bf16" else 4 for x in w.held_rows)
-    hb = max(kept, sum(DTYPES[t[x]] for x in reads)) if w.held is not None else kept
+    held = sum(2 if t[x] == "bf16" else 4 for x in w.held_rows)
+    hb = max(held, sum(DTYPES[t[x]] for x in reads)) if w.held is not None else held
     return Ctx(p, ov, tgt, w, hb, spec.grid, spec.stats.kept, w.sums, w.after_norm, len(reads), len(w.late_for(p)),
                w.col_sums + (1 if w.bias_sums and p.bdtype else 0), DTYPES[p.dtype], p.has_weight, bool(p.bdtype),
                tgt.vendor)
