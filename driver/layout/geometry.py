@@ -321,8 +321,8 @@ def bwd_block(c: Ctx, n: int, vec: int, tpr: int = 0) -> Layout:
     """A persistent kernel's row (or a block's share) of n elements: short rows (<= 256 chunks) 2
     chunks a thread, held; longer ones 2 chunks a thread up to 512 chunks, then 4, read again in
     pass 2 with only the fp32 column sums in registers (more resident threads beat the saved
-    re-read by 5-15%); past 1024 threads 512 with more chunks while the sums fit. A wider row
-    summary read once more holds its rows at up to 2 chunks a thread (*tune-v73*, -v74)."""
+    re-read); past 1024 threads 512 with more chunks while the sums fit. A wider row summary read
+    once more holds its rows at up to 2 chunks a thread (*tune-v73*, -v74)."""
     tgt, warp, nchunk, half = c.tgt, c.tgt.warp, n // vec, MAX_THREADS // 2
     dw_bytes = 4 * (c.col_sums + (1 if tgt.hoists_weight else 0))  # fp32 column sums (+ AMDGPU's hoisted fp32 w)
     k_target, chosen = 2 if nchunk <= 512 else 4, tpr > 0
