@@ -47,6 +47,15 @@ def index(*names: str) -> tuple[Arg, ...]:
 
 
 @dataclass(frozen=True)
+class RowReduce:
+    """A reduction over the normalized row after the normalize (a quantized output's amax): over
+    the whole row (group 0) or over each group of `group` columns."""
+
+    op: str  # "amax"
+    group: int = 0
+
+
+@dataclass(frozen=True)
 class RowWork:
     """What a row kernel moves and keeps per element of a row: the layout policy's input.
     Tensors are named by their element-type placeholder (T: x's type; WT: the weight's)."""
@@ -59,34 +68,58 @@ class RowWork:
     held: tuple[str, ...] | None = None  # the rows held in registers between the passes (None: reads)
     # Reads that happen only with an option: (placeholder, Problem field) (the residual: rdtype).
     read_if: tuple[tuple[str, str], ...] = ()
+    # Row tensors pass 2 alone reads, each with the Problem field that asks for it (d_residual_out:
+    # GT, has_dres_out): read once, not held, not staged with the rows.
+    late_if: tuple[tuple[str, str], ...] = ()
+    # Reductions after the normalize (a quantized forward's amax of y); every layout rule of today
+    # was measured without one, and a kernel with one takes none of them (the geometry's layout).
+    after_norm: tuple[RowReduce, ...] = ()
 
     @property
     def held_rows(self) -> tuple[str, ...]:
         return self.reads if self.held is None else self.held
 
+    def reads_for(self, problem) -> tuple[str, ...]:
+        """The row tensors pass 1 reads for a problem: reads, less those of an option not taken."""
+        return tuple(t for t in self.reads if all(getattr(problem, f) for x, f in self.read_if if x == t))
+
+    def late_for(self, problem) -> tuple[str, ...]:
+        """The row tensors pass 2 alone reads for a problem (d_residual_out where has_dres_out asks)."""
+        return tuple(t for t, f in self.late_if if getattr(problem, f))
+
+    def types_for(self, problem) -> set[str]:
+        """The element types of every row tensor the kernel reads or writes for a problem."""
+        t = problem.types
+        return {t[x] for x in (*self.reads_for(problem), *self.writes, *self.held_rows, *self.late_for(problem))}
+
 
 @dataclass(frozen=True)
 class Stats:
-    """An op's math: its piece (statistics, normalize, gradient), the row summaries its forward
-    and backward reduce (fp32 values per row, NR), the forward's merge piece (the backward's
-    sums are added), the per-thread accumulators pass 1 keeps (fp32 lanes: a count, or "V" /
-    "2V", one or two per element of a chunk), and whether the forward has a mean (stored beside
-    rstd, read by the backward)."""
+    """An op's math: the statistics it keeps ("rms": the root mean square; "centered": the mean
+    and the variance about it, which the forward stores beside rstd and the backward reads), its
+    piece (statistics, normalize, gradient), the row summaries its forward and backward reduce
+    (fp32 values per row, NR), the forward's merge piece (the backward's sums are added) and the
+    per-thread accumulators pass 1 keeps (fp32 lanes: a count, or "V" / "2V", one or two per
+    element of a chunk)."""
 
+    kept: str
     piece: str
     fwd_sums: int
     bwd_sums: int
     fwd_combine: str
     fwd_acc: str
     bwd_acc: str
-    has_mean: bool
+
+    @property
+    def has_mean(self) -> bool:
+        return self.kept == "centered"
 
 
 COMBINE_SUM = "common/combine_sum.mlir"
-RMS = Stats("common/stats_rms.mlir", 1, 1, COMBINE_SUM, "V", "V", False)
+RMS = Stats("rms", "common/stats_rms.mlir", 1, 1, COMBINE_SUM, "V", "V")
 # LayerNorm: the forward's per-thread (mean, M2) and merged (n, mean, M2) rows by Chan's update;
 # the backward's two sums added.
-LAYER = Stats("common/stats_layer.mlir", 3, 2, "common/combine_chan.mlir", "2", "2V", True)
+LAYER = Stats("centered", "common/stats_layer.mlir", 3, 2, "common/combine_chan.mlir", "2", "2V")
 
 
 @dataclass(frozen=True)
@@ -164,6 +197,7 @@ def but(t: Template, *names: str) -> tuple[Arg, ...]:
 # The forward's traffic: x, and the residual where there is one, read; y and residual_out (h)
 # written; h held between the passes.
 FWD_WORK = dict(reads=("T", "RT"), held=("HT",), writes=("YT", "HT"), read_if=(("RT", "rdtype"),))
+DRES_OUT = (("GT", "has_dres_out"),)  # the fused backwards' d_residual_out, read in pass 2
 
 KERNELS: dict[str, KernelSpec] = {
     k.name: k
@@ -191,7 +225,7 @@ KERNELS: dict[str, KernelSpec] = {
             # its own, dresidual; dw (and db) as column sums. x here is the row normalized (h).
             name="fused_add_rmsnorm_bwd", template=NORM_BWD, entry="fused_add_rmsnorm_bwd",
             args=but(NORM_BWD, "mean"), grid="persistent", stats=RMS, features=FUSED_BWD,
-            work=RowWork(reads=("T", "YT"), writes=("XT", "RT"), col_sums=1, bias_sums=True),
+            work=RowWork(reads=("T", "YT"), writes=("XT", "RT"), col_sums=1, bias_sums=True, late_if=DRES_OUT),
         ),
         KernelSpec(
             # LayerNorm, with or without the residual add: y = (h - mean) * rstd * w + b, mean and
@@ -204,7 +238,8 @@ KERNELS: dict[str, KernelSpec] = {
             # dx = (wdy - c1 - x_hat * c2) * rstd (+ d_residual_out), dw = sum dy * x_hat, db = sum dy.
             name="layernorm_bwd", template=NORM_BWD, entry="layernorm_bwd", args=NORM_BWD.args,
             grid="persistent", stats=LAYER, features=FUSED_BWD - {"weight_offset"},
-            work=RowWork(reads=("T", "YT"), writes=("XT", "RT"), col_sums=1, bias_sums=True, sums=LAYER.bwd_sums),
+            work=RowWork(reads=("T", "YT"), writes=("XT", "RT"), col_sums=1, bias_sums=True, sums=LAYER.bwd_sums,
+                         late_if=DRES_OUT),
         ),
         KernelSpec(
             # Fixed-order column sums of fp32 partial rows, cast to the output's type. Its dtype is

@@ -17,7 +17,8 @@ from dataclasses import dataclass, field, fields, make_dataclass
 
 from . import targets
 from .kernels import KERNELS
-from .layout import (
+from .layout import decide
+from .layout.geometry import (
     DTYPES,
     HINT_BITS,
     HINT_KEEP,
@@ -28,9 +29,7 @@ from .layout import (
     MAX_MIN_BLOCKS,
     MAX_THREADS,
     Layout,
-    decide,
     max_vec,
-    row_types,
 )
 
 MAX_N = 1 << 20
@@ -90,7 +89,7 @@ class Problem:
         object.__setattr__(self, "eps", f32(eps))
         self._features()
         spec = KERNELS[self.kernel]
-        narrowest = min(DTYPES[t] for t in row_types(spec.work, self)) if spec.work else DTYPES[self.dtype]
+        narrowest = min(DTYPES[t] for t in spec.work.types_for(self)) if spec.work else DTYPES[self.dtype]
         widest = max_vec(self.n, narrowest)
         vec = self.vec or widest
         if vec & (vec - 1) or vec > widest:
@@ -129,6 +128,13 @@ class Problem:
                              "(has_dres_out=True)")
         if self.store_residual and not self.rdtype:
             raise ValueError("store_residual=True needs a residual (rdtype): without one residual_out is x itself")
+
+    @property
+    def types(self) -> dict[str, str]:
+        """The element type of each type placeholder (see kernels.py)."""
+        return {"T": self.dtype, "WT": self.wdtype, "RT": self.rdtype or self.dtype, "HT": self.held_dtype,
+                "YT": self.odtype or self.dtype, "XT": self.xdtype or self.dtype, "BT": self.bdtype or self.wdtype,
+                "GT": self.gdtype or self.dtype, "f32": "f32"}
 
     @property
     def held_dtype(self) -> str:

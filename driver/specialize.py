@@ -8,7 +8,7 @@ import math
 
 from . import targets
 from .kernels import COMBINE_SUM, KERNELS
-from .layout import (
+from .layout.geometry import (
     DTYPES,
     HINT_KEEP,
     HINT_L1_FIRST,
@@ -19,7 +19,6 @@ from .layout import (
     MAX_CLUSTER,
     MAX_VECTOR_BYTES,
     Layout,
-    types,
 )
 from .options import KNOBS, Build, f32
 from .template import Resolver, Source, render_file
@@ -44,7 +43,7 @@ def signature_values(b: Build) -> dict[str, str]:
     template's tensors this kernel does not pass, bound to ub.poison (flag-guarded code alone uses
     them, and it folds away)."""
     spec = KERNELS[b.problem.kernel]
-    tys = types(b.problem)
+    tys = b.problem.types
     sep = ",\n" + " " * 6
     absent = "".join(f"    %{a.name}_arg = ub.poison : {a.memref(b.problem.n, tys)}\n" if a.pointer else
                      f"    %{a.name} = arith.constant 0 : index\n" for a in spec.absent())
@@ -54,7 +53,7 @@ def signature_values(b: Build) -> dict[str, str]:
 
 def _late_ext(t: str, placeholder: str, forward: bool, words: bool) -> str:
     """The late cast piece of the tensor of type placeholder (its type t): bf16 by 32-bit words
-    where the layout says so (layout._cast_words); else a backward's or a forward's held row
+    where the layout says so (the words_fwd and words_bwd rules); else a backward's or a forward's held row
     element by element (in words RMSNorm's backward at 4096 spilled 4 bytes at its 64 registers),
     and a forward's w and b by the cast itself; f16 and f32 by the cast itself."""
     if t != "bf16" or (forward and not words and placeholder in ("WT", "BT")):
@@ -65,7 +64,7 @@ def _late_ext(t: str, placeholder: str, forward: bool, words: bool) -> str:
 def type_values(b: Build) -> dict[str, str]:
     """Each type placeholder's element type (kernels.py names them), and for each the casts to
     and from f32, the late cast piece, and the chunk's alignment and element bytes."""
-    tys = types(b.problem)
+    tys = b.problem.types
     lay = b.layout
     out: dict[str, str] = {}
     forward = KERNELS[b.problem.kernel].grid == "rows"
@@ -110,7 +109,7 @@ def stats_values(b: Build) -> dict[str, str]:
         return int(acc[:-1] or 1) * v if acc.endswith("V") else int(acc)
 
     lay = b.layout
-    # The backward adds its sums; so does a forward's two-pass variance (layout._two_pass).
+    # The backward adds its sums; so does a forward's two-pass variance (the two_pass rule).
     combine = stats.fwd_combine if KERNELS[b.problem.kernel].grid == "rows" and not lay.two_pass else COMBINE_SUM
     return {"STATS_PIECE": stats.piece, "HAS_MEAN": _bool(stats.has_mean), "COMBINE_PIECE": combine,
             # The butterfly's first shuffled value: Chan's merge of equal counts reads no partner count.

@@ -10,7 +10,7 @@ DTYPE_NAMES = ("f32", "f16", "bf16")
 # N: 1 and 100 -> several rows per block with narrow vectors (vec 1 / 4); 1024, 2048 -> rows
 # that fit one warp or a few; 2880, 5120 -> tail chunks (N not a multiple of threads x 8);
 # 8192 -> one multi-warp row per block; 65536 -> the longest register rows (bf16) or the
-# re-reading path (f32); see layout.row_layout.
+# re-reading path (f32); see layout.geometry.row_layout.
 FWD_N = (1, 100, 1024, 2048, 2880, 5120, 8192, 16384, 65536)
 FWD_M = (1, 199, 4096)
 EPS = (1e-6, 1e-5, 1e-2)
@@ -50,10 +50,10 @@ FORCED_CASES = (
     (65536, "bf16", {"overlap": 4}, {}),  # the forward held over a cluster: w's first 4 chunks before the reductions
 )
 OTHER_WEIGHT_N = (100, 2880, 65536)  # test_weight_in_another_dtype: each type read in its own
-# (N, dtype) for the backward without a weight, whose policy differs (layout._cache_row):
+# (N, dtype) for the backward without a weight, whose policy differs (the hold_unweighted rule):
 # the row held in registers, staged through shared memory, every chunk loaded inside the barrier,
 # and the cache hints of held rows neither staged nor split (2048, 2880, 4096).
-# Rows past 16384 whose dw sums fill BWD_SPLIT_DW registers: split over a cluster (layout.bwd_layout's
+# Rows past 16384 whose dw sums fill BWD_SPLIT_DW registers: split over a cluster (layout.geometry.bwd_layout's
 # crowded rows; one block of 544-896 threads spilled): RMSNorm's backward and its fused add's.
 SUMS_SPLIT_N = (20480, 24576, 49152)
 NO_WEIGHT_CASES = ((2048, "bf16"), (4096, "bf16"), (4096, "f16"), (2880, "f32"), (16384, "bf16"), (32768, "bf16"),
@@ -124,7 +124,7 @@ FUSED_ATOMIC_N = 4096
 
 BENCH_N = (1024, 2048, 2880, 4096, 7168, 8192, 16384, 32768, 65536)
 # Models' hidden sizes, where the 16-byte chunks often do not split evenly over whole warps (the
-# policy splits them evenly: layout._even_rows, _even_bwd): 768 (BERT-base, ViT-B), 896, 1536 and
+# policy splits them evenly: the even_rows rule, _even_bwd): 768 (BERT-base, ViT-B), 896, 1536 and
 # 3584 (Qwen2.5), 1152 (DiT-XL), 1280 (ViT-H), 1600 (GPT-2 XL), 2560, 5120. In the GPU tier and
 # in `scripts/bench.py --ns`.
 MODEL_N = (768, 896, 1152, 1280, 1536, 1600, 2560, 3584, 5120)
@@ -283,7 +283,7 @@ LN_EPS = 1e-5
 LN_COMBOS = (("bf16", None, None), ("bf16", "bf16", None), ("bf16", None, "bf16"), ("bf16", "f32", "f32"),
              ("f16", "bf16", "bf16"), ("f32", "bf16", None))
 LN_COMBO_N = (100, 2880, 65536)
-LN_NO_WB_HELD_N = (32768, 131072)  # bf16 rows without w and b held over 2 and 8 blocks (layout._cache_row)
+LN_NO_WB_HELD_N = (32768, 131072)  # bf16 rows without w and b held over 2 and 8 blocks (the hold_unweighted rule)
 LN_FUSED_COMBOS = (
     ("bf16", "f32", "bf16", "bf16", None, None),  # the fp32 residual stream
     ("bf16", "bf16", "bf16", "bf16", None, None),
@@ -291,20 +291,20 @@ LN_FUSED_COMBOS = (
     ("f32", "f32", "f32", "f32", "bf16", None),  # a 16-bit residual_out from fp32 inputs
 )
 LN_STATS_N = (100, 2880, 65536)
-LN_ACCURACY_N = (1024, 2880, 4096)  # 2880: the two-pass variance (layout._two_pass)
+LN_ACCURACY_N = (1024, 2880, 4096)  # 2880: the two-pass variance (the two_pass rule)
 LN_BIT_N = (1024, 65536)
 # 1280, 2560: the fused add's forward held over 1 and 5 warps (32 x 5, 160 x 2); 4096: its backward
 # with db's sums in shared memory, capped; 6144, 7168: its backward's rows of 6 and 7 warps in one
-# block, read again, both sums in dynamic shared memory (layout._one_block); 32768: its forward held
+# block, read again, both sums in dynamic shared memory (the even_halves rule's one block); 32768: its forward held
 # over a 4-block cluster; 512: its backward in blocks of 8 rows under a register cap
-# (layout._rows_cap); 3456, 4608, 7424, 12288: its backward's rows read again in one block (3456,
-# 4608: layout._one_block) and over clusters of 2 and 4 blocks, a masked chunk at 3456 and 7424,
+# (the rows_cap rule); 3456, 4608, 7424, 12288: its backward's rows read again in one block (3456,
+# 4608: the even_halves rule's one block) and over clusters of 2 and 4 blocks, a masked chunk at 3456 and 7424,
 # 6 warps at 12288, both sums in shared memory; 40960: its backward over 8 blocks of 5 warps, 4
 # chunks a thread, d_residual_out's early chunks loaded inside the exchange (OVERLAP_DRES).
 LN_FUSED_N = (*FUSED_N, 512, 1280, 2560, 3456, 4096, 4608, 6144, 7168, 7424, 12288, 32768, 40960)
 # Beside the shared N set: LayerNorm's own backward read again over 2 blocks of 8 warps with a
 # masked chunk (7680), and in one block of 2 chunks a thread, read again, both sums in shared
-# memory (layout._one_block): 5 and 7 warps with a masked chunk (2112, 3520), 6, 9 and 12 warps
+# memory (the even_halves rule's one block): 5 and 7 warps with a masked chunk (2112, 3520), 6, 9 and 12 warps
 # (3072, 4608, 6144), 14 warps with the slots in dynamic shared memory (7168); its forward
 # streamed in 1024 threads capped for 2 blocks (32768).
 LN_LAYOUT_N = (2112, 3072, 3520, 4608, 6144, 7168, 7680, 32768)
@@ -349,7 +349,7 @@ DB_SMEM_CASES = ((1024, dict(tpr=64, db_smem=1)), (2880, dict(tpr=96, cluster=2,
                  (8192, dict(tpr=512, cluster=1, cache_row=0, min_blocks=2, db_smem=3)))
 
 
-# d_residual_out copied into shared memory in pass 1 (layout._stage_dres), forced: (kernel, N, knobs),
+# d_residual_out copied into shared memory in pass 1 (the stage_dres knob), forced: (kernel, N, knobs),
 # the rows with d_residual_out in bf16 (and with a bias); test_d_residual_out_staged in
 # test_gpu_fused_add.py and test_gpu_layernorm.py, and scripts/sanitize.py. A masked last chunk
 # (2880), RMSNorm's fused add held over a cluster, LayerNorm's slots past its dynamic ones (65536)

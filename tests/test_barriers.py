@@ -7,7 +7,7 @@ within one warp.
 A barrier LLVM duplicates into both arms of a per-thread branch is undefined behaviour: `bar.sync`
 is warp-aligned on NVIDIA, and on AMD a wave whose lanes take both arms executes `s_barrier`
 twice. On the H200 such a copy hung a forced layout whose spare threads owned no chunk (now
-refused by layout._forced). One ISA compile per case, about 0.1 s each."""
+refused by layout.geometry.forced_tpr). One ISA compile per case, about 0.1 s each."""
 
 from __future__ import annotations
 

@@ -171,7 +171,7 @@ def test_flags_follow_the_features(kernel):
 
 
 def test_stage_dres_forced_and_refused():
-    # d_residual_out copied into shared memory in pass 1 (layout._stage_dres): its slots follow what
+    # d_residual_out copied into shared memory in pass 1 (the stage_dres knob): its slots follow what
     # the dynamic shared memory holds already; only a backward reading it, with asynchronous copies.
     from normir.specialize import specialize
 

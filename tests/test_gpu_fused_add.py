@@ -86,7 +86,7 @@ def test_dtypes_and_features(combo, n, prenorm):
 @pytest.mark.parametrize("n", SUMS_SPLIT_N)
 @pytest.mark.parametrize("dt", ("bf16", "f16"))
 def test_rows_split_for_their_sums(dt, n):
-    # Past 16384 the backward's rows whose dw sums fill a thread's share go over a cluster (layout.bwd_layout).
+    # Past 16384 the backward's rows whose dw sums fill a thread's share go over a cluster (layout.geometry.bwd_layout).
     check((199, n), dt, dt)
 
 

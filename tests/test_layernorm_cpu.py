@@ -180,8 +180,8 @@ def test_db_sums_in_shared_memory_knob(monkeypatch):
     assert (over[("layernorm_bwd", 4096)]["min_blocks"], over[("layernorm_bwd", 8192)]["db_smem"]) == (5, 3)
 
 
-SPLIT = dict(cluster=2)  # rows over 2 blocks, which layout._one_block would take to one
-# The rows layout._held_quads holds in 4 chunks, over the cluster they had before it (a forced
+SPLIT = dict(cluster=2)  # rows over 2 blocks, which the even_halves rule's one block would take to one
+# The rows the held_quads rule holds in 4 chunks, over the cluster they had before it (a forced
 # cluster leaves them to the rules below).
 C4, C8 = dict(cluster=4), dict(cluster=8)
 
@@ -202,13 +202,13 @@ def test_policy_moves_db_sums_where_a_block_is_gained(n, dres, db_smem, blocks, 
     # where that is not taken (a masked chunk; 3, 5, 6 or 7 warps), both sums at 96 registers
     # for rows held (3072, 4608, 6144), 80 for the fused add's read again (4608, 5120, 7680); in
     # one block with a masked chunk, read again, the choice of the most blocks: both sums at 72
-    # registers (layout._one_block_blocks: 2400 in 5 warps, 2880 in 6, 3456 in 7).
-    # (SPLIT: forced over 2 blocks, as the policy's layout was before layout._one_block.)
+    # registers (rules._one_block_blocks: 2400 in 5 warps, 2880 in 6, 3456 in 7).
+    # (SPLIT: forced over 2 blocks, as the policy's layout was before the even_halves rule's one block.)
     lay = build(kernel="layernorm_bwd", n=n, bdtype="f32", has_dres_out=dres, **kw).layout
     assert (lay.db_smem, lay.min_blocks, lay.k, lay.cache_row) == (db_smem, blocks, 2, held)
     # Not where no block is gained or the cap spilled (tests/test_sm90_spill.py): 4-byte rows read
-    # again (2240, layout._even_halves), over a cluster in 7 warps beside an fp32 weight (7168: 2
-    # blocks either way; with a 16-bit one it goes to one block, layout._one_block), beside an
+    # again (2240, the even_halves rule), over a cluster in 7 warps beside an fp32 weight (7168: 2
+    # blocks either way; with a 16-bit one it goes to one block, the even_halves rule's one block), beside an
     # fp32 weight (4096 over a cluster, the fused add's 7680); not in fp32 rows (64-72 registers
     # already), not without a bias or a weight, not on gfx950 (measured on the H200 only).
     for kw in (dict(n=2240), dict(n=7168, wdtype="f32"), dict(n=4096, wdtype="f32"),
@@ -226,10 +226,10 @@ def test_policy_moves_db_sums_of_4_chunk_rows_over_a_cluster():
     # both sums in shared memory (65536: 64 KB a block, in the dynamic), capped for 2 blocks;
     # beside an fp32 weight, or where one block is left (81920), db's alone; not in fp32 rows, not
     # on gfx950. 40960: 160 threads, 3 blocks, its slots (40 KB) static. Pass 2's chunks inside the
-    # exchange: all 4 in 8 warps without d_residual_out (layout._overlap), else 2.
+    # exchange: all 4 in 8 warps without d_residual_out (the overlap rule), else 2.
     for n, blocks in ((40960, 3), (65536, 2)):
         for dres in (False, True):
-            held = dict(cache_row=0) if n == 65536 else {}  # the policy holds 65536's (layout._held_quads)
+            held = dict(cache_row=0) if n == 65536 else {}  # the policy holds 65536's (rule held_quads)
             lay = build(kernel="layernorm_bwd", n=n, bdtype="f32", has_dres_out=dres, **held).layout
             got = (lay.k, lay.cluster, lay.cache_row, lay.db_smem, lay.min_blocks, lay.overlap)
             early = 4 if n == 65536 and not dres else 2
@@ -247,7 +247,7 @@ def test_policy_moves_db_sums_of_4_chunk_rows_over_a_cluster():
 
 
 def test_long_bf16_rows_held_in_4_chunks():
-    # layout._held_quads: LayerNorm's backwards of bf16 rows, a weight and a bias, at 16384-65536:
+    # rule held_quads: LayerNorm's backwards of bf16 rows, a weight and a bias, at 16384-65536:
     # 256 threads of 4 chunks over 2-8 blocks, held, both sums in dynamic shared memory, uncapped
     # (ptxas: 2 blocks), d_residual_out staged and no L2 prefetch of the next row; RMSNorm's fused
     # add at 32768-65536 held in its 512 threads, d_residual_out staged.
@@ -276,10 +276,10 @@ def test_long_bf16_rows_held_in_4_chunks():
 
 
 def test_long_bf16_rows_without_w_and_b_held_over_a_cluster():
-    # layout._cache_row: LayerNorm's backward without w and b (no column sums) at 32768-131072 in
+    # the hold_unweighted rule: LayerNorm's backward without w and b (no column sums) at 32768-131072 in
     # bf16, 512 threads of 4 chunks over 2-8 blocks, holds its rows (no early chunks of pass 2);
     # read again: f16 and f32 rows (held as fp32), a bias (db's sums), d_residual_out, 6 chunks a
-    # thread (49152 over 384), a forced cache_row, the rows with a weight (_held_quads' 256).
+    # thread (49152 over 384), a forced cache_row, the rows with a weight (held_quads' 256).
     for n, cluster in ((32768, 2), (65536, 4), (131072, 8)):
         lay = build(kernel="layernorm_bwd", n=n, has_weight=False).layout
         assert (lay.tpr, lay.cluster, lay.k, lay.cache_row, lay.overlap) == (512, cluster, 4, True, 0), n
@@ -292,7 +292,7 @@ def test_long_bf16_rows_without_w_and_b_held_over_a_cluster():
 
 def test_held_masked_rows_of_7_or_8_warps_over_2_blocks_are_read_again():
     # LayerNorm's backward held over 2 blocks of 8 warps with a masked chunk (7200-7936; 6176-7136
-    # in 7 warps go to one block, layout._one_block): read again with both sums in shared memory,
+    # in 7 warps go to one block, the even_halves rule's one block): read again with both sums in shared memory,
     # 3 blocks; not whole warps beside an fp32 weight (7168), not over 4 blocks (14848), not where
     # cache_row is forced.
     for n in (7424, 7680):
@@ -421,8 +421,8 @@ def test_fused_add_backward_short_full_rows_take_one_chunk_a_thread():
 
 def test_fused_layernorm_backward_over_6_or_7_warps_goes_to_4_blocks_of_4():
     # The fused add's LayerNorm backward over 2 blocks of 6 or 7 warps (5632-7168) without a weight
-    # (layout._pow2_warps): 4 blocks of 4 warps, held, both sums' slots in shared memory, capped for
-    # 6 blocks. With a 16-bit weight those rows go to one block first (layout._one_block: 352-448
+    # (the pow2_warps rule): 4 blocks of 4 warps, held, both sums' slots in shared memory, capped for
+    # 6 blocks. With a 16-bit weight those rows go to one block first (the even_halves rule's one block: 352-448
     # threads, 2 blocks); not 5 warps (5120, 4608), not LayerNorm's own, not beside an fp32
     # weight, not without a bias, not on gfx950.
     def lay(n, **kw):
@@ -439,7 +439,7 @@ def test_fused_layernorm_backward_over_6_or_7_warps_goes_to_4_blocks_of_4():
 
 
 def test_layernorm_backward_halves_of_a_masked_chunk_go_to_one_block():
-    # LayerNorm's 16-bit backward held over 2 blocks with a masked chunk (layout._even_halves): one
+    # LayerNorm's 16-bit backward held over 2 blocks with a masked chunk (the even_halves rule): one
     # block, where more rows are held at once, of 4-byte chunks read again, the fewest whole warps
     # at up to 5 a thread (2240: 4 a multiprocessor against 2.5), or of 16-byte chunks read again
     # with both column sums in shared memory, capped (2880: 4 against the 4-byte rows' 3; 3520 and
@@ -456,7 +456,7 @@ def test_layernorm_backward_halves_of_a_masked_chunk_go_to_one_block():
     assert [shape(lay(n)) for n in (2112, 2880, 3200, 3520)] == [
         (160, 8, 2, 1, False, 3, 4), (192, 8, 2, 1, False, 3, 4), (224, 8, 2, 1, False, 3, 4), (224, 8, 2, 1, False, 3, 4)]
     assert shape(lay(2880, wdtype="f32"))[:2] == shape(lay(2880, has_weight=False))[:2] == (288, 2)
-    assert lay(2880, has_dres_out=True).vec == 8  # the fused add's one block comes from _db_smem
+    assert lay(2880, has_dres_out=True).vec == 8  # the fused add's one block comes from the db_smem rule
     for n, kw in ((2880, dict(bdtype="")), (2880, dict(dtype="f32")), (2880, dict(target="gfx950"))):
         got = lay(n, **kw)
         assert got.vec != 2 and not (got.cluster == 1 and got.db_smem == 3), (n, kw)
@@ -465,7 +465,7 @@ def test_layernorm_backward_halves_of_a_masked_chunk_go_to_one_block():
 def test_backward_rows_split_over_a_cluster_only_where_the_halves_are_even():
     # LayerNorm's backward takes 2 blocks of half the threads for rows of over 4 warps at 2
     # chunks, unless the row splits evenly in one block and its halves would not (2560, 3584);
-    # the halves may then go to one block again (layout._one_block: 3072 as 192 x 2).
+    # the halves may then go to one block again (the even_halves rule's one block: 3072 as 192 x 2).
     def lay(n):
         return build(kernel="layernorm_bwd", n=n, bdtype="f32").layout
 
@@ -477,7 +477,7 @@ def test_backward_rows_split_over_a_cluster_only_where_the_halves_are_even():
 def test_fused_add_long_rows_are_held_over_8_blocks_of_128():
     # The fused add's LayerNorm forward at N=32768 (two reads, a wider summary: 1024 x 4
     # streamed) and 65536 (over 2 blocks of 512) is held over 8 blocks of 128 threads, 4 and 8
-    # chunks a thread (layout._wide_sums_held); LayerNorm's own (one read) and RMSNorm's fused
+    # chunks a thread (the wide_sums_held rule); LayerNorm's own (one read) and RMSNorm's fused
     # add keep theirs, as do f32 rows, other lengths and gfx950 (no clusters).
     fused = dict(kernel="layernorm_fwd", bdtype="bf16", rdtype="bf16", store_residual=True)
     for n, k in ((32768, 4), (65536, 8)):
@@ -495,7 +495,7 @@ def test_fused_add_long_rows_are_held_over_8_blocks_of_128():
 
 def test_backward_in_one_block_with_the_slots_in_dynamic_shared_memory():
     # LayerNorm's 16-bit backward over 2 blocks goes to one block of 2 chunks a thread, read again,
-    # both sums in shared memory (layout._one_block), where it holds more rows at once: 7168's
+    # both sums in shared memory (the even_halves rule's one block), where it holds more rows at once: 7168's
     # slots (2 sums x 2 chunks x 448 threads x 32 bytes = 56 KB) pass the static limit and go to
     # the launch's dynamic shared memory, dw's from its base and db's after them; the fused add's
     # too (6144, 7168). Not where db's sums alone moved keep the rows held (4096), nor where one

@@ -8,12 +8,13 @@ import math
 
 import pytest
 
-from normir import layout as S
 from normir import options as O
 from normir import specialize as SP
 from normir import targets
 from normir.kernels import KERNELS
-from normir.layout import HINT_KEEP, HINT_L1_FIRST, HINT_L1_KEEP, HINT_LAST_READ, HINT_STORES
+from normir.layout import geometry as S
+from normir.layout import rules as R
+from normir.layout.geometry import HINT_KEEP, HINT_L1_FIRST, HINT_L1_KEEP, HINT_LAST_READ, HINT_STORES
 from normir.options import MAX_N, PROBLEM_FIELDS, Build, build
 from normir.specialize import specialize
 
@@ -319,7 +320,7 @@ def test_forced_tpr(kernel, target):
     for n in (1, 100, 2880, 4096, 65536):
         for tpr in (1, 8, warp // 2, warp, 3 * warp, 1024):
             nchunk = n // S.max_vec(n, 2)
-            if tpr > nchunk:  # threads without a chunk: refused (see layout._forced)
+            if tpr > nchunk:  # threads without a chunk: refused (see layout.geometry.forced_tpr)
                 with pytest.raises(ValueError, match=rf"^tpr={tpr} leaves threads without a chunk: .* {nchunk} chunks"):
                     build(kernel=kernel, n=n, target=target, tpr=tpr)
                 continue
@@ -616,14 +617,14 @@ def test_rows_cap_policy():
     def cap(n, **kw):
         return build(kernel="layernorm_bwd", n=n, **{"bdtype": "f32", "has_dres_out": True, **kw}).layout.max_regs
 
-    assert cap(512) == cap(256) == cap(64) == S.BWD_ROWS_CAP_REGS
+    assert cap(512) == cap(256) == cap(64) == R.BWD_ROWS_CAP_REGS
     assert build(kernel="layernorm_bwd", n=512, bdtype="f32", has_dres_out=True).layout.rows > 1
     for n, kw in ((384, {}), (1024, {}), (512, dict(has_dres_out=False)), (512, dict(dtype="f32", wdtype="f32")),
                   (512, dict(target="gfx950")), (512, dict(tpr=32))):
         assert cap(n, **kw) == 0, (n, kw)
     assert cap(512, max_regs=160) == 160
     attrs = SP.common_values(build(kernel="layernorm_bwd", n=512, bdtype="f32", has_dres_out=True))["KERNEL_ATTRS"]
-    assert f"nvvm.maxnreg = {S.BWD_ROWS_CAP_REGS} : i32" in attrs
+    assert f"nvvm.maxnreg = {R.BWD_ROWS_CAP_REGS} : i32" in attrs
 
 
 def test_two_blocks_policy():
@@ -643,7 +644,7 @@ def test_two_blocks_policy():
                   (32768, dict(dtype="f32", wdtype="f32", bdtype="f32"))):
         assert not lay(n, **kw).min_blocks, (n, kw)
     assert lay(32768, min_blocks=1).min_blocks == 1
-    assert S.FWD_TWO_BLOCKS_THREADS == 768
+    assert R.FWD_TWO_BLOCKS_THREADS == 768
 
 
 def test_min_blocks():
@@ -713,7 +714,7 @@ def test_amd_layouts_that_spilled():
     assert build(kernel="rmsnorm_bwd", n=98304, target="gfx950").layout.k == 24
     sm90 = build(kernel="rmsnorm_fwd", n=65536).layout
     assert (sm90.block, sm90.cluster, sm90.k, sm90.vec, sm90.cache_row) == (256, 4, 16, 4, True)
-    assert build(kernel="rmsnorm_bwd", n=65536, dtype="f32", wdtype="f32").layout.k < S.AMD_UNROLL_K[True][4][0]
+    assert build(kernel="rmsnorm_bwd", n=65536, dtype="f32", wdtype="f32").layout.k < R.AMD_UNROLL_K[True][4][0]
 
 
 def test_reduce_layout():
@@ -825,7 +826,7 @@ def test_backward_rows_crowding_one_block_split_over_a_cluster():
             lay = build(kernel=kernel, n=n, **extra).layout
             assert lay.cluster > 1 and lay.block <= 512 and not lay.cache_row, (kernel, n, lay)
     # Reading d_residual_out in pass 2, the split rows keep the threads of their one block (up to
-    # 768), 2 chunks a thread (layout._crowded_threads); past 768 they are halved as above.
+    # 768), 2 chunks a thread (rule crowded_threads); past 768 they are halved as above.
     for n, tpr, cluster in ((17408, 544, 2), (24576, 768, 2), (40960, 640, 4), (49152, 768, 4)):
         lay = build(kernel="fused_add_rmsnorm_bwd", n=n, has_dres_out=True).layout
         assert (lay.tpr, lay.cluster, lay.k, lay.kfull) == (tpr, cluster, 2, 2), (n, lay)

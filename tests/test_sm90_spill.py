@@ -2,7 +2,7 @@
 
 A cap (min_blocks, NVVM's .minctasm) that the kernel's live values do not fit makes ptxas spill
 them to local memory, which cost 20-50% on the H200 (*tune-v74*). The policy caps LayerNorm's
-backward where db's column sums move to shared memory (layout._db_smem); each distinct layout
+backward where db's column sums move to shared memory (the db_smem rule); each distinct layout
 it caps that way is compiled here (bf16 with the weight in bf16 and in fp32, f16), and ptxas must
 report no spill, but for one measured exception (HELD_OVER_CLUSTER_SPILL) and another dtype's
 uncapped layout at the same N (ptxas's own choice, UNCAPPED_SPILL). Skipped where ptxas is absent."""

@@ -142,7 +142,7 @@ def test_edited_file_is_read_again(tmp_path):
 ])
 def test_casts_in_words_where_the_layout_fixes_registers(kernel, n, extra, words):
     # The forward's pass-2 casts go by 32-bit words, with x_hat * w + b as one fma, only in rows read once whose
-    # layout fixes the registers (layout._cast_words); elsewhere the text is as before.
+    # layout fixes the registers (the words_fwd and words_bwd rules); elsewhere the text is as before.
     opts = build(kernel=kernel, n=n, bdtype="bf16" if kernel == "layernorm_fwd" else "", **extra)
     assert opts.layout.cast_words == words
     text = specialize_source(opts).text
@@ -170,7 +170,7 @@ def test_streamed_rows_in_words_load_pass_2_chunk_by_chunk():
     ("layernorm_bwd", 4096, {}, True),  # LayerNorm's rows held
     ("layernorm_bwd", 7168, {"has_dres_out": True, "has_weight": False}, False),  # held over 4 blocks, capped: spill
     ("layernorm_bwd", 49152, {"has_dres_out": True}, True),  # the fused add's rows read again
-    ("layernorm_bwd", 65536, {"has_dres_out": True}, False),  # held in 4 chunks (layout._held_quads)
+    ("layernorm_bwd", 65536, {"has_dres_out": True}, False),  # held in 4 chunks (rule held_quads)
     ("layernorm_bwd", 4096, {"has_dres_out": True, "wdtype": "f32"}, False),  # an fp32 weight: spill at the cap
     ("layernorm_bwd", 8192, {"stage": 1, "cache_row": 0}, False),  # staged
     ("rmsnorm_bwd", 2880, {}, False),  # RMSNorm's: +1% read again, but held rows take 96 registers for 80
@@ -179,7 +179,7 @@ def test_streamed_rows_in_words_load_pass_2_chunk_by_chunk():
     ("layernorm_bwd", 2880, {"target": "gfx950"}, False),  # measured on the H200 alone
 ])
 def test_backward_casts_in_words(kernel, n, extra, words):
-    # The backward's x and dy go by words where layout._cast_words takes them; its math is unchanged (no fma).
+    # The backward's x and dy go by words where the words_fwd and words_bwd rules takes them; its math is unchanged (no fma).
     opts = build(kernel=kernel, n=n, bdtype="f32" if kernel == "layernorm_bwd" else "", **extra)
     assert opts.layout.cast_words == words
     text = specialize_source(opts).text
@@ -209,7 +209,7 @@ def test_forced_cast_words():
     (2880, {"target": "gfx950"}, False),  # measured on the H200 alone
 ])
 def test_two_pass_variance_where_counts_are_unequal(n, extra, two_pass):
-    # layout._two_pass: LayerNorm's held rows whose threads own unequal chunk counts take the exact
+    # the two_pass rule: LayerNorm's held rows whose threads own unequal chunk counts take the exact
     # two-pass variance (plain block sums of the last summary value alone); the rest keep Chan's merges.
     opts = build(kernel="layernorm_fwd", n=n, bdtype="bf16", **extra)
     assert opts.layout.two_pass == two_pass
