@@ -72,7 +72,8 @@ def test_compiled_floats_ranks_and_batches(form):
                 outs_c, _, grads_c = _run(compiled, tc, floats, dys)
                 for e, c in zip(outs + grads, outs_c + grads_c):
                     assert e.dtype == c.dtype and torch.equal(e, c), (form, shape, floats)
-    assert counter.frame_count == len(shapes) * len(TRAINING_FLOATS)
+    # Graphs that hold a normir op (AOTAutograd's first use in a process compiles empty frames too).
+    assert sum("torch.ops.normir." in g.code for g in counter.graphs) == len(shapes) * len(TRAINING_FLOATS)
 
 
 # ---------------------------------------------------------------------------- torch.func
