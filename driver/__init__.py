@@ -18,19 +18,19 @@ __version__ = "0.1.0"
 
 __all__ = ["FusedAddLayerNorm", "FusedAddRMSNorm", "LayerNorm", "RMSNorm", "fused_add_layernorm",
            "fused_add_layernorm_bwd", "fused_add_layernorm_fwd", "fused_add_rmsnorm", "fused_add_rmsnorm_bwd",
-           "fused_add_rmsnorm_fwd", "layernorm", "layernorm_bwd", "layernorm_fwd", "replace_norms", "rmsnorm",
-           "rmsnorm_bwd", "rmsnorm_fwd", "__version__"]
+           "fused_add_rmsnorm_fwd", "layernorm", "layernorm_bwd", "layernorm_fwd", "layernorm_quant", "replace_norms",
+           "rmsnorm", "rmsnorm_bwd", "rmsnorm_fwd", "rmsnorm_quant", "__version__"]
 
 
 def _bind() -> None:
     """Import the op modules (which define the custom ops) and bind the public names here: later
     `normir.rmsnorm_fwd` lookups are plain module attributes (a module __getattr__ costs about
     1 us a call, a small call's whole budget)."""
-    from .ops import fused_add_rmsnorm, layernorm, rmsnorm, swap
+    from .ops import fused_add_rmsnorm, layernorm, quant, rmsnorm, swap
 
     for public in __all__:
         if public != "__version__":
-            home = next(m for m in (rmsnorm, fused_add_rmsnorm, layernorm, swap) if hasattr(m, public))
+            home = next(m for m in (rmsnorm, fused_add_rmsnorm, layernorm, quant, swap) if hasattr(m, public))
             globals()[public] = getattr(home, public)
 
 
@@ -38,6 +38,8 @@ def __getattr__(name: str):
     if name in __all__:  # torch not imported yet: the API's first use imports it
         _bind()
         return globals()[name]
+    if name == "serving":  # the serving forms' module (normir.serving), imported on first use
+        return importlib.import_module(f"{__name__}.serving")
     raise AttributeError(f"module 'normir' has no attribute {name!r}")
 
 

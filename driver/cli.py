@@ -39,12 +39,14 @@ class UsageError(ValueError):
 
 # The fused ops' features (kernels.KernelSpec.features) set by flags of their names (- for _).
 _FEATURE_FLAGS = ("rdtype", "sdtype", "odtype", "xdtype", "gdtype", "bdtype", "store_residual", "has_dres_out",
-                  "weight_offset")
+                  "weight_offset", "qdtype", "qdynamic", "has_smooth", "has_scale_ub", "inplace", "sum_f32",
+                  "round_xhat", "pdl")
 
 
 def _build_from_args(a: argparse.Namespace, kernel: str) -> Build:
     return build(kernel=kernel, n=a.n, dtype=a.dtype, wdtype=a.wdtype or a.dtype, eps=a.eps, target=a.target,
                  has_weight=not a.no_weight, store_rstd=a.store_rstd, vec=a.vec, atomic_dw=a.atomic_dw,
+                 store_y=not a.no_y,
                  **{f: getattr(a, f) for f in _FEATURE_FLAGS}, **{k.name: getattr(a, k.name) for k in KNOBS})
 
 
@@ -243,6 +245,9 @@ REPORT_SHAPES = {
     "layernorm_fwd": [(1024, "bf16"), (4096, "bf16"), (65536, "bf16"), (4096, "f32")],
     "layernorm_bwd": [(1024, "bf16"), (4096, "bf16"), (65536, "bf16"), (4096, "f32")],
     "rmsnorm_dw_reduce": [(4096, "f32")],
+    "rmsnorm_quant_fwd": [(4096, "bf16", dict(qdtype="f8e4m3", qdynamic=True, store_y=False)),
+                          (4096, "bf16", dict(qdtype="i8", qdynamic=True, store_y=False))],
+    "layernorm_quant_fwd": [(4096, "bf16", dict(qdtype="f8e4m3", qdynamic=True, store_y=False))],
 }
 
 
@@ -274,9 +279,11 @@ def cmd_report(a: argparse.Namespace) -> int:
     for chip in chips:
         tgt = targets.get(chip)
         for kernel, shapes in REPORT_SHAPES.items():
-            for n, dt in shapes:
+            for n, dt, *extra in shapes:
+                if extra and extra[0].get("qdtype") and not tgt.quant_piece:
+                    continue  # no fp8 and int8 conversions on this target
                 opts = build(kernel=kernel, n=n, dtype=dt, wdtype=dt if kernel != "rmsnorm_dw_reduce" else "bf16",
-                             target=chip)
+                             target=chip, **(extra[0] if extra else {}))
                 fmt = tgt.default_format()
                 art = compiler.compile_text(specialize_source(opts), chip, fmt, keep=("isa",),
                                             unroll_limit=opts.layout.unroll_limit, what=opts.describe())
@@ -340,6 +347,19 @@ def _problem_flags(c: argparse.ArgumentParser) -> None:
     c.add_argument("--store-residual", action="store_true", help=f"forward: write residual_out {feature}")
     c.add_argument("--has-dres-out", action="store_true", help=f"backward: add d_residual_out to dx {feature}")
     c.add_argument("--weight-offset", type=float, default=0.0, help=f"scale by (w + offset) {feature}")
+    c.add_argument("--qdtype", default="", help=f"a quantized forward's q: f8e4m3 or i8 {feature}")
+    c.add_argument("--qdynamic", action="store_true", help=f"per-row scales from the row's amax {feature}")
+    c.add_argument("--has-smooth", action="store_true", help=f"y * smooth quantized (SmoothQuant) {feature}")
+    c.add_argument("--has-scale-ub", action="store_true", help=f"the amax capped at scale_ub (dynamic fp8) {feature}")
+    c.add_argument("--no-y", action="store_true", help=f"a quantized forward writes q alone {feature}")
+    c.add_argument("--inplace", action="store_true",
+                   help=f"a forward whose y may be x and residual_out the residual (the serving forms) {feature}")
+    c.add_argument("--pdl", action="store_true",
+                   help=f"a forward launched with programmatic dependent launch (sm_90+) {feature}")
+    c.add_argument("--sum-f32", action="store_true",
+                   help=f"the norm of the fp32 sum x + residual (vLLM's dynamic rule) {feature}")
+    c.add_argument("--round-xhat", action="store_true",
+                   help=f"x_hat rounded to x's type before the weight (vLLM's dynamic rule) {feature}")
     _knob_flags(c)
 
 

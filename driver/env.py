@@ -62,7 +62,14 @@ INCLUDE = EnvVar(
     "mlir/, e.g. common/row_sum.mlir), separated by os.pathsep; `normir compile --include` adds more",
 )
 
-ALL = (CACHE_DIR, AOT_DIRS, DUMP_DIR, INCLUDE, ROCM_PATH, SYSTEM_ROCM_PATH, PTXAS, NO_COMPILE, TPR, TARGET)
+PDL = EnvVar(
+    "NORMIR_PDL", "1",
+    "1: the serving forms and quantized forwards (normir.serving, rmsnorm_quant, layernorm_quant) launch with "
+    "programmatic dependent launch where the GPU has it (sm_90+), unless a call passes enable_pdl=False; 0: plain "
+    "launches. Results are bitwise equal either way",
+)
+
+ALL = (CACHE_DIR, AOT_DIRS, DUMP_DIR, INCLUDE, ROCM_PATH, SYSTEM_ROCM_PATH, PTXAS, NO_COMPILE, TPR, TARGET, PDL)
 
 
 def describe() -> str:

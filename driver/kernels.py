@@ -31,12 +31,13 @@ class Arg:
     def pointer(self) -> bool:
         return self.kind != "index"
 
-    def decl(self, n: int, types: dict[str, str]) -> str:
+    def decl(self, n: int, types: dict[str, str], aliased: frozenset[str] = frozenset()) -> str:
         """The gpu.func argument: %<name>_arg for tensors, %<name> for scalars. types: the
-        element type of each type placeholder."""
+        element type of each type placeholder; aliased: the tensors that may share memory with
+        another argument (the in-place forms), which carry no attributes."""
         if not self.pointer:
             return f"%{self.name}: index"
-        return f"%{self.name}_arg: {self.memref(n, types)}{_ATTRS[self.kind]}"
+        return f"%{self.name}_arg: {self.memref(n, types)}{'' if self.name in aliased else _ATTRS[self.kind]}"
 
     def memref(self, n: int, types: dict[str, str]) -> str:
         return "memref<1xf32>" if self.shape == "stat" else f"memref<{n}x{types.get(self.type, self.type)}>"
@@ -49,10 +50,12 @@ def index(*names: str) -> tuple[Arg, ...]:
 @dataclass(frozen=True)
 class RowReduce:
     """A reduction over the normalized row after the normalize (a quantized output's amax): over
-    the whole row (group 0) or over each group of `group` columns."""
+    the whole row (group 0) or over each group of `group` columns; `when` names the Problem field
+    that asks for it ("" always: the dynamic scales' amax, where a static scale needs none)."""
 
     op: str  # "amax"
     group: int = 0
+    when: str = ""
 
 
 @dataclass(frozen=True)
@@ -86,6 +89,10 @@ class RowWork:
     def late_for(self, problem) -> tuple[str, ...]:
         """The row tensors pass 2 alone reads for a problem (d_residual_out where has_dres_out asks)."""
         return tuple(t for t, f in self.late_if if getattr(problem, f))
+
+    def after_for(self, problem) -> tuple[RowReduce, ...]:
+        """The reductions after the normalize a problem asks for."""
+        return tuple(r for r in self.after_norm if not r.when or getattr(problem, r.when))
 
     def types_for(self, problem) -> set[str]:
         """The element types of every row tensor the kernel reads or writes for a problem."""
@@ -143,10 +150,16 @@ class KernelSpec:
     stats: Stats | None = None  # the op's math (row kernels)
     # The optional features the kernel takes (Problem fields that may differ from their defaults):
     # residual, store_residual, bias, weight_offset, odtype (y's / dy's own type), xdtype (dx's),
-    # dres (a dresidual of its own type), dres_out (reads d_residual_out, in a type of its own: gdtype).
+    # dres (a dresidual of its own type), dres_out (reads d_residual_out, in a type of its own: gdtype);
+    # inplace (a forward whose y may be x and residual_out the residual: IN_PLACE_ALIASES); pdl (a
+    # forward launched to start as the kernel ahead of it ends, waiting for it in-kernel).
     features: frozenset[str] = frozenset()
+    # Fields every problem of the kernel sets, with a typical value (tools and tests build one
+    # from it): a quantized forward's q type.
+    requires: tuple[tuple[str, object], ...] = ()
     # Reads what the kernel ahead of it on the stream wrote, after its grid_dep wait: launched to
-    # start before that kernel ends where the target has programmatic launch (the column sums).
+    # start before that kernel ends where the target has programmatic launch (the column sums; a
+    # forward where its problem asks, Problem.pdl).
     programmatic: bool = False
 
     @property
@@ -159,17 +172,22 @@ class KernelSpec:
         return tuple(t for t in self.template.args if t.name not in names)
 
 
-# Type placeholders: T (x: the normalized row's input), RT (the residual), HT (the row held and
-# normalized: residual_out's type with a residual, else T), YT (y), WT (the weight), BT (the bias);
-# in the backward T is the normalized row's (x, or residual_out), YT dy's, XT dx's, RT dresidual's, GT
-# d_residual_out's.
+# Type placeholders: T (x: the normalized row's input), RT (the residual), ST (residual_out), HT
+# (the row held and normalized: ST with a residual, f32 with sum_f32, else T), YT (y), WT (the weight), BT (the bias);
+# QT a quantized forward's q, as the bytes it stores (i8: fp8 e4m3fn or int8); in the backward T is
+# the normalized row's (x, or residual_out), YT dy's, XT dx's, RT dresidual's, GT d_residual_out's.
 X, W, B = Arg("x", "in", "T"), Arg("w", "in", "WT"), Arg("b", "in", "BT")
 RSTD_OUT, RSTD_IN = Arg("rstd", "out", "f32", "stat"), Arg("rstd", "in", "f32", "stat")
 MEAN_OUT, MEAN_IN = Arg("mean", "out", "f32", "stat"), Arg("mean", "in", "f32", "stat")
 
 NORM_FWD = Template("norm_fwd.mlir", (
-    X, Arg("residual", "in", "RT"), W, B, Arg("y", "out", "YT"), Arg("residual_out", "out", "HT"), RSTD_OUT, MEAN_OUT,
-    *index("rows", "x_stride", "residual_stride", "y_stride", "residual_out_stride", "grid")))
+    X, Arg("residual", "in", "RT"), W, B, Arg("y", "out", "YT"), Arg("residual_out", "out", "ST"), RSTD_OUT, MEAN_OUT,
+    # The quantized forwards': q (QT: its bytes), the static scale or the per-row scales, the
+    # amax's cap, SmoothQuant's per-column factors.
+    Arg("q", "out", "QT"), Arg("scale", "in", "f32", "stat"), Arg("scales", "out", "f32", "stat"),
+    Arg("scale_ub", "in", "f32", "stat"), Arg("smooth", "in", "f32"),
+    *index("rows", "x_stride", "residual_stride", "y_stride", "residual_out_stride", "q_stride", "grid")))
+QUANT_ARGS = ("q", "scale", "scales", "scale_ub", "smooth", "q_stride")
 NORM_BWD = Template("norm_bwd.mlir", (
     X, W, Arg("dy", "in", "YT"), RSTD_IN, MEAN_IN, Arg("dres_out", "in", "GT"), Arg("dx", "out", "XT"),
     Arg("dres", "out", "RT"), Arg("dw_part", "inout", "f32"), Arg("db_part", "inout", "f32"),
@@ -185,8 +203,15 @@ def args(t: Template, *names: str) -> tuple[Arg, ...]:
     return tuple(a for a in t.args if a.name in names)
 
 
-FUSED_FWD = frozenset({"residual", "store_residual", "bias", "weight_offset", "odtype"})
+FUSED_FWD = frozenset({"residual", "store_residual", "bias", "weight_offset", "odtype", "inplace", "pdl"})
+# The in-place forms' aliasing: y may be x, residual_out the residual (the forward's tensors).
+IN_PLACE_ALIASES = frozenset({"x", "y", "residual", "residual_out"})
 FUSED_BWD = frozenset({"bias", "weight_offset", "odtype", "xdtype", "dres", "dres_out"})
+# A quantized forward's: q (fp8 or int8), dynamic per-row scales, SmoothQuant, the amax's cap, no y.
+QUANT_FWD = frozenset({"quant", "qdynamic", "smooth", "scale_ub", "no_y"})
+# vLLM's dynamic per-token rule (its rms_norm_dynamic_per_token_quant): the norm of the fp32 sum,
+# x_hat rounded to x's type before the weight.
+VLLM_DYNAMIC = frozenset({"sum_f32", "round_xhat"})
 
 
 def but(t: Template, *names: str) -> tuple[Arg, ...]:
@@ -194,9 +219,11 @@ def but(t: Template, *names: str) -> tuple[Arg, ...]:
     return tuple(a for a in t.args if a.name not in names)
 
 
-# The forward's traffic: x, and the residual where there is one, read; y and residual_out (h)
-# written; h held between the passes.
-FWD_WORK = dict(reads=("T", "RT"), held=("HT",), writes=("YT", "HT"), read_if=(("RT", "rdtype"),))
+# The forward's traffic: x, and the residual where there is one, read; y and residual_out (ST)
+# written; h (HT) held between the passes.
+FWD_WORK = dict(reads=("T", "RT"), held=("HT",), writes=("YT", "ST"), read_if=(("RT", "rdtype"),))
+# A quantized forward's: q written too, and with dynamic scales the row's amax of y after the normalize.
+QUANT_WORK = dict(FWD_WORK, writes=("QT", "YT", "ST"), after_norm=(RowReduce("amax", when="qdynamic"),))
 DRES_OUT = (("GT", "has_dres_out"),)  # the fused backwards' d_residual_out, read in pass 2
 
 KERNELS: dict[str, KernelSpec] = {
@@ -206,12 +233,22 @@ KERNELS: dict[str, KernelSpec] = {
             name="rmsnorm_fwd", template=NORM_FWD, entry="rmsnorm_fwd",
             args=args(NORM_FWD, "x", "w", "y", "rstd", "rows", "x_stride", "y_stride", "grid"),
             grid="rows", work=RowWork(reads=("T",), writes=("T",)), stats=RMS,
+            # y written over x (the serving form rms_norm(out=x, x, ...)); programmatic dependent launch
+            features=frozenset({"inplace", "pdl"}),
         ),
         KernelSpec(
             # h = x + residual (fp32, rounded to residual_out's type HT), y = rmsnorm(h) * (w +
             # weight_offset) + b, residual_out = h: every feature a flag of the forward skeleton.
             name="fused_add_rmsnorm_fwd", template=NORM_FWD, entry="fused_add_rmsnorm_fwd",
-            args=but(NORM_FWD, "mean"), grid="rows", stats=RMS, features=FUSED_FWD, work=RowWork(**FWD_WORK),
+            args=but(NORM_FWD, "mean", *QUANT_ARGS), grid="rows", stats=RMS, features=FUSED_FWD,
+            work=RowWork(**FWD_WORK),
+        ),
+        KernelSpec(
+            # The fused add RMSNorm's forward with y quantized (fp8 e4m3fn or int8): q = y / s with
+            # a static scale or the row's s = max(amax(y) / QMAX, floor); y itself only on request.
+            name="rmsnorm_quant_fwd", template=NORM_FWD, entry="rmsnorm_quant_fwd", args=but(NORM_FWD, "mean"),
+            grid="rows", stats=RMS, features=FUSED_FWD | QUANT_FWD | VLLM_DYNAMIC, work=RowWork(**QUANT_WORK),
+            requires=(("qdtype", "f8e4m3"),),
         ),
         KernelSpec(
             name="rmsnorm_bwd", template=NORM_BWD, entry="rmsnorm_bwd",
@@ -231,8 +268,15 @@ KERNELS: dict[str, KernelSpec] = {
             # LayerNorm, with or without the residual add: y = (h - mean) * rstd * w + b, mean and
             # rstd stored (STORE_RSTD) for the backward. One kernel for both: without a residual
             # the add's flags are off and the policy sees one row read.
-            name="layernorm_fwd", template=NORM_FWD, entry="layernorm_fwd", args=NORM_FWD.args, grid="rows",
-            stats=LAYER, features=FUSED_FWD - {"weight_offset"}, work=RowWork(**FWD_WORK, sums=LAYER.fwd_sums),
+            name="layernorm_fwd", template=NORM_FWD, entry="layernorm_fwd", args=but(NORM_FWD, *QUANT_ARGS),
+            grid="rows", stats=LAYER, features=FUSED_FWD - {"weight_offset"},
+            work=RowWork(**FWD_WORK, sums=LAYER.fwd_sums),
+        ),
+        KernelSpec(
+            # LayerNorm's forward (with or without the residual add) with y quantized, as RMSNorm's.
+            name="layernorm_quant_fwd", template=NORM_FWD, entry="layernorm_quant_fwd", args=NORM_FWD.args,
+            grid="rows", stats=LAYER, features=(FUSED_FWD - {"weight_offset"}) | QUANT_FWD,
+            work=RowWork(**QUANT_WORK, sums=LAYER.fwd_sums), requires=(("qdtype", "f8e4m3"),),
         ),
         KernelSpec(
             # dx = (wdy - c1 - x_hat * c2) * rstd (+ d_residual_out), dw = sum dy * x_hat, db = sum dy.

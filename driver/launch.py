@@ -110,7 +110,8 @@ def handle(problem: Problem, device: int) -> tuple[runtime.LaunchHandle, Layout]
             with _loading(drv):
                 fn = drv.function(device, binary.key, binary.data, binary.entry)
                 spec = KERNELS[problem.kernel]
-                programmatic = spec.programmatic and targets.get(b.problem.target).grid_dep_piece is not None
+                programmatic = ((spec.programmatic or b.problem.pdl)
+                                and targets.get(b.problem.target).grid_dep_piece is not None)
                 h = runtime.LaunchHandle(drv, fn, binary.entry, b.layout.block, spec.arg_names,
                                          tuple("p" if a.pointer else "q" for a in spec.args), b.layout.cluster,
                                          b.layout.smem_bytes, device, programmatic)

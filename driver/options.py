@@ -28,6 +28,7 @@ from .layout.geometry import (
     HINT_STORES,
     MAX_MIN_BLOCKS,
     MAX_THREADS,
+    QDTYPES,
     Layout,
     max_vec,
 )
@@ -70,6 +71,15 @@ class Problem:
     store_residual: bool = False  # forward: write residual_out
     has_dres_out: bool = False  # backward: read d_residual_out and add it to dx
     weight_offset: float = 0.0  # the weight is used as w + weight_offset
+    qdtype: str = ""  # a quantized forward: q's type, "f8e4m3" (e4m3fn) or "i8"
+    qdynamic: bool = False  # a quantized forward: per-row scales from the row's amax (else one scale given)
+    has_smooth: bool = False  # a quantized forward: y * smooth (fp32 per column) quantized (SmoothQuant)
+    has_scale_ub: bool = False  # a dynamic fp8 forward: the amax capped at scale_ub
+    store_y: bool = True  # a forward writes y (a quantized one, only where asked: return_y)
+    inplace: bool = False  # a forward whose y may be x and residual_out the residual (the serving forms)
+    sum_f32: bool = False  # a fused add's norm of the fp32 sum (residual_out its rounding): vLLM's dynamic rule
+    round_xhat: bool = False  # x_hat rounded to x's type before the weight: vLLM's dynamic rule
+    pdl: bool = False  # a forward launched with programmatic dependent launch (sm_90+: the grid_dep piece)
 
     def __post_init__(self) -> None:
         if self.kernel not in KERNELS:
@@ -89,7 +99,9 @@ class Problem:
         object.__setattr__(self, "eps", f32(eps))
         self._features()
         spec = KERNELS[self.kernel]
-        narrowest = min(DTYPES[t] for t in spec.work.types_for(self)) if spec.work else DTYPES[self.dtype]
+        # The float tensors set the vector width (a quantized q's chunk is their chunk's bytes / EB).
+        narrowest = min(DTYPES[t] for t in spec.work.types_for(self) if t in DTYPES) if spec.work \
+            else DTYPES[self.dtype]
         widest = max_vec(self.n, narrowest)
         vec = self.vec or widest
         if vec & (vec - 1) or vec > widest:
@@ -115,6 +127,9 @@ class Problem:
             "residual" if forward else "dres": bool(self.rdtype), "store_residual": self.store_residual,
             "bias": bool(self.bdtype), "weight_offset": self.weight_offset != 0.0,
             "odtype": bool(self.odtype), "xdtype": bool(self.xdtype), "dres_out": self.has_dres_out,
+            "quant": bool(self.qdtype), "qdynamic": self.qdynamic, "smooth": self.has_smooth,
+            "scale_ub": self.has_scale_ub, "no_y": not self.store_y, "inplace": self.inplace,
+            "sum_f32": self.sum_f32, "round_xhat": self.round_xhat, "pdl": self.pdl,
         }
         for feature, on in given.items():
             if on and feature not in spec.features:
@@ -126,6 +141,20 @@ class Problem:
         if self.gdtype and not self.has_dres_out:
             raise ValueError(f"gdtype={self.gdtype!r}: d_residual_out's type needs a backward that reads it "
                              "(has_dres_out=True)")
+        if self.qdtype not in ("", *QDTYPES):
+            raise ValueError(f"qdtype={self.qdtype!r}: choose one of {sorted(QDTYPES)} or '' (none)")
+        if "quant" in spec.features and not self.qdtype:
+            raise ValueError(f"{self.kernel} quantizes y: give qdtype ({' or '.join(sorted(QDTYPES))})")
+        if self.qdtype and not targets.get(self.target).quant_piece:
+            raise ValueError(f"qdtype={self.qdtype!r}: {self.target} has no OCP fp8 and int8 conversions normir "
+                             "uses (sm_89+ and gfx950 do)")
+        if self.has_scale_ub and not (self.qdynamic and self.qdtype == "f8e4m3"):
+            raise ValueError("has_scale_ub=True caps a dynamic fp8 forward's amax: it needs qdynamic=True and "
+                             "qdtype='f8e4m3'")
+        if self.pdl and not targets.get(self.target).grid_dep_piece:
+            raise ValueError(f"pdl=True: {self.target} has no programmatic dependent launch (sm_90+ has)")
+        if self.sum_f32 and not self.rdtype:
+            raise ValueError("sum_f32=True normalizes the fp32 sum x + residual: it needs a residual (rdtype)")
         if self.store_residual and not self.rdtype:
             raise ValueError("store_residual=True needs a residual (rdtype): without one residual_out is x itself")
 
@@ -133,20 +162,23 @@ class Problem:
     def types(self) -> dict[str, str]:
         """The element type of each type placeholder (see kernels.py)."""
         return {"T": self.dtype, "WT": self.wdtype, "RT": self.rdtype or self.dtype, "HT": self.held_dtype,
+                "ST": self.sdtype or self.rdtype or self.dtype,
                 "YT": self.odtype or self.dtype, "XT": self.xdtype or self.dtype, "BT": self.bdtype or self.wdtype,
-                "GT": self.gdtype or self.dtype, "f32": "f32"}
+                "GT": self.gdtype or self.dtype, "QT": "i8", "f32": "f32"}
 
     @property
     def held_dtype(self) -> str:
         """The type of the row normalized and held between the passes: residual_out's with a
-        residual (the forward), else the input's."""
+        residual (the forward; f32 with sum_f32), else the input's."""
         if KERNELS[self.kernel].grid == "rows" and self.rdtype:
-            return self.sdtype or self.rdtype
+            return "f32" if self.sum_f32 else self.sdtype or self.rdtype
         return self.dtype
 
     def key_string(self) -> str:
-        """Stable text of the fields (Python's hash() is salted per process)."""
-        return ";".join(f"{f.name}={getattr(self, f.name)!r}" for f in fields(self))
+        """Stable text of the fields (Python's hash() is salted per process): those that differ
+        from their defaults, so that a new field leaves the keys of the kernels that do not use it."""
+        return ";".join(f"{f.name}={getattr(self, f.name)!r}" for f in fields(self)
+                        if f.name in ("kernel", "n") or getattr(self, f.name) != f.default)
 
     def describe(self) -> str:
         """The kernel, N, target and every field that differs from its default: for messages."""

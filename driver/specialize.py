@@ -7,7 +7,7 @@ from __future__ import annotations
 import math
 
 from . import targets
-from .kernels import COMBINE_SUM, KERNELS
+from .kernels import COMBINE_SUM, IN_PLACE_ALIASES, KERNELS
 from .layout.geometry import (
     DTYPES,
     HINT_KEEP,
@@ -45,9 +45,10 @@ def signature_values(b: Build) -> dict[str, str]:
     spec = KERNELS[b.problem.kernel]
     tys = b.problem.types
     sep = ",\n" + " " * 6
+    aliased = IN_PLACE_ALIASES if b.problem.inplace else frozenset()
     absent = "".join(f"    %{a.name}_arg = ub.poison : {a.memref(b.problem.n, tys)}\n" if a.pointer else
                      f"    %{a.name} = arith.constant 0 : index\n" for a in spec.absent())
-    return {"ENTRY": spec.entry, "ARGS": sep.join(a.decl(b.problem.n, tys) for a in spec.args),
+    return {"ENTRY": spec.entry, "ARGS": sep.join(a.decl(b.problem.n, tys, aliased) for a in spec.args),
             "ABSENT": absent.rstrip("\n")}
 
 
@@ -68,7 +69,7 @@ def type_values(b: Build) -> dict[str, str]:
     lay = b.layout
     out: dict[str, str] = {}
     forward = KERNELS[b.problem.kernel].grid == "rows"
-    for p in ("T", "RT", "HT", "YT", "XT", "WT", "BT", "GT"):
+    for p in ("T", "RT", "HT", "ST", "YT", "XT", "WT", "BT", "GT"):
         t = tys[p]
         out[p] = t
         out[f"EXT_{p}"] = _cast(t, "f32")
@@ -80,9 +81,35 @@ def type_values(b: Build) -> dict[str, str]:
     # LLVM does not share them (shared, LayerNorm's forward at 2880 took 64 registers for 54).
     out["LATE_EXT_DEV_PIECE"] = _late_ext(tys["HT"], "HT", forward, not lay.cast_words and lay.vec % 2 == 0)
     out["X_TO_H"] = _cast(tys["T"], tys["HT"])
+    out["H_TO_S"] = _cast(tys["HT"], tys["ST"])  # the held row as residual_out stores it
     out["WB_CONTRACT"] = "fastmath<contract>" if lay.cast_words else ""  # x_hat * w + b as one fma
     out["HALF_V"] = str(max(1, lay.vec // 2))  # late_ext_bf16_words: a chunk's 32-bit words
     return out
+
+
+# A quantized forward's largest magnitude of q and its scale's floor: fp8 e4m3fn's 448 and
+# 1 / (448 * 512) (a zero row's scale), int8's 127 and float32's epsilon.
+QUANT_LIMITS = {"f8e4m3": (448.0, 1.0 / (448.0 * 512.0)), "i8": (127.0, 2.0 ** -23)}
+
+
+def quant_values(b: Build) -> dict[str, str]:
+    """A quantized forward's flags, limits, conversion piece and chunk shapes (QUANT false: none)."""
+    p, v = b.problem, b.layout.vec
+    qmax, floor = QUANT_LIMITS.get(p.qdtype, (1.0, 1.0))
+    pairs = -(-v // 2)
+    tgt = targets.get(p.target)
+    return {
+        "QUANT": _bool(bool(p.qdtype)), "QDYNAMIC": _bool(p.qdynamic), "QINT": _bool(p.qdtype == "i8"),
+        # dynamic fp8 divides by the row's scale; the static forms and int8 multiply by its inverse
+        "QDIV": _bool(p.qdynamic and p.qdtype == "f8e4m3"),
+        "HAS_SMOOTH": _bool(p.has_smooth), "HAS_SCALE_UB": _bool(p.has_scale_ub), "STORE_Y": _bool(p.store_y),
+        "QMAX": mlir_f32(qmax), "QFLOOR": mlir_f32(floor),
+        "QUANT_PIECE": (tgt.quant_piece if p.qdtype else None) or "common/quant_none.mlir",
+        "ALIGN_QT": str(v), "ALIGN_SMOOTH": str(min(MAX_VECTOR_BYTES, 4 * v)),
+        # fp8 converts pairs: a chunk of one element beside a zero (shuffle lane V is the pad's first)
+        "QPAIRS": str(pairs), "QP2": str(2 * pairs), "QPAD": ", ".join(map(str, range(2 * pairs))),
+        "QLANES": ", ".join(map(str, range(v))),
+    }
 
 
 def flag_values(b: Build) -> dict[str, str]:
@@ -90,6 +117,11 @@ def flag_values(b: Build) -> dict[str, str]:
     return {
         "HAS_RESIDUAL": _bool(bool(b.problem.rdtype) and KERNELS[b.problem.kernel].grid == "rows"),
         "STORE_RESIDUAL": _bool(b.problem.store_residual),
+        "IN_PLACE": _bool(b.problem.inplace),
+        "ROUND_XHAT": _bool(b.problem.round_xhat),
+        "PDL": _bool(b.problem.pdl),
+        # loads through the non-coherent path, but where the kernel writes what it reads
+        "LD_NC": "" if b.problem.inplace else ".nc",
         "HAS_BIAS": _bool(bool(b.problem.bdtype)),
         "HAS_OFFSET": _bool(b.problem.weight_offset != 0.0),
         "WEIGHT_OFFSET": mlir_f32(b.problem.weight_offset),
@@ -279,7 +311,7 @@ def _slot_values(lay: Layout) -> dict[str, str]:
 
 def values_for(b: Build) -> dict[str, str]:
     """Every placeholder value the driver computes for a kernel's options."""
-    return {**common_values(b), **flag_values(b), **signature_values(b), **stats_values(b)}
+    return {**common_values(b), **flag_values(b), **quant_values(b), **signature_values(b), **stats_values(b)}
 
 
 def specialize_source(b: Build, resolver: Resolver | None = None) -> Source:

@@ -59,6 +59,9 @@ class Target:
     # Programmatic dependent launch (sm_90+): the column sums' kernel starts while the row kernel
     # ends and waits for it in-kernel (griddepcontrol); none: stream order alone.
     grid_dep_piece: str | None = None
+    # A quantized forward's conversions to OCP fp8 e4m3fn and int8 (sm_89+ cvt, gfx950's OCP fp8);
+    # none: the quantized forwards are refused.
+    quant_piece: str | None = None
 
     @property
     def hints(self) -> bool:
@@ -123,11 +126,14 @@ def _nv(chip: str, ptx: str, clusters: bool, prefetch: bool) -> Target:
         policy_piece="common/cache_policy_nvvm.mlir",
         grid_dep_piece="common/grid_dep_nvvm.mlir" if clusters else None,
         hint_io_piece="common/hint_io_nvvm.mlir",
+        quant_piece="common/quant_nvvm.mlir" if clusters else None,  # fp8 conversions from sm_89; sm_80 has none
     )
 
 
 def _amd(chip: str) -> Target:
     return Target(
+        # gfx950's fp8 is OCP e4m3fn; gfx942's is the FNUZ variant, which torch.float8_e4m3fn is not.
+        quant_piece="common/quant_rocdl.mlir" if chip == "gfx950" else None,
         chip=chip, vendor="amd", warp=64, regs_per_sm=131072, max_regs=256, hoists_weight=True,
         target_attr=f'#rocdl.target<chip = "{chip}", O = 3>',
         convert_pass=f"convert-gpu-to-rocdl{{chipset={chip} use-bare-ptr-memref-call-conv=1}}",

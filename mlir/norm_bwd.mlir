@@ -62,7 +62,7 @@
 // (elements), and the grid size.
 module attributes {gpu.container_module} {
 gpu.module @normir [${TARGET}] {
-// normir:splice common/row_sum.mlir
+// normir:splice common/row_sum.mlir FN=normir_row_sum PAIR=normir_combine_pair
 // normir:splice ${COMBINE_PIECE}
 // normir:splice ${STATS_PIECE}
 // normir:splice ${RSQRT_PIECE}

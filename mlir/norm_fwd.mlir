@@ -13,7 +13,19 @@
 //   pass 2: y = normir_fwd_norm(h - shift, rstd, mean) * (w + WEIGHT_OFFSET) + b, in YT (w when
 //           HAS_WEIGHT, the offset when HAS_OFFSET, b when HAS_BIAS); rstd stored when
 //           STORE_RSTD, and with HAS_MEAN the mean (shifted mean + shift) beside it.
-// The norm is taken of h as residual_out stores it, which is what the backward reads: forward and
+//   quantized (QUANT, the serving forwards): v = y (* smooth with HAS_SMOOTH) is stored as q, one
+//           byte an element (QINT: int8, else fp8 e4m3fn), v * (1 / s) (QDIV: v / s) converted by
+//           the target's QUANT_PIECE; s is scale[0] (static), or with QDYNAMIC the row's
+//           max(amax(v) / QMAX, QFLOOR), amax over a pass of its own through the held row (or the
+//           row read again) and normir_row_max, capped at scale_ub[0] with HAS_SCALE_UB, stored
+//           per row in scales; y itself is written only with STORE_Y (always, unquantized).
+//   in place (IN_PLACE, the serving forms: y may be x, residual_out the residual): residual_out
+//           is stored in pass 2, after the row's reductions, each chunk by the thread that read it
+//           (and y after it), so no input is read after it was overwritten whatever the layout;
+//           the aliased tensors carry no noalias/readonly attributes and no non-coherent loads.
+//   vLLM's dynamic rule (SUM_F32: HT is f32, the norm taken of the fp32 sum, residual_out its
+//           rounding to ST; ROUND_XHAT: x_hat rounded to T before the weight), for its ops alone.
+// The norm is taken of h as residual_out stores it (ST; HT = ST but with SUM_F32), which is what the backward reads: forward and
 // backward differentiate one function. Each flag is an i1 constant; a variant without a feature
 // keeps none of its loads, stores or registers (canonicalization folds the dead branch).
 //
@@ -35,24 +47,30 @@
 // With OVERLAP_K > 0 (rows held) pass 2's first OVERLAP_K chunks of w and b are loaded before the
 // row's reductions and kept in private arrays (wbuf, bbuf), their latency under the waits.
 //
-// Placeholders: N, the element types T (x), RT (residual), HT (h, residual_out), YT (y), WT
+// Placeholders: N, the element types T (x), RT (residual), HT (h held), ST (residual_out), YT (y), WT
 // (weight), BT (bias), with per type ALIGN_*, EB_* (bytes per element), EXT_* (cast to f32) and
-// TRUNC_* (cast from f32), X_TO_H; V, ALIGN, EB, W_ALIGN, BLOCK, ROWS, TPR, WPR, K, KFULL,
+// TRUNC_* (cast from f32), X_TO_H, H_TO_S; V, ALIGN, EB, W_ALIGN, BLOCK, ROWS, TPR, WPR, K, KFULL,
 // NCHUNK, CLUSTER, NSUB, NR, FWD_ACC, OVERLAP_K; the flags HAS_MEAN, HAS_WEIGHT, HAS_RESIDUAL, STORE_RESIDUAL, HAS_BIAS,
-// HAS_OFFSET, STORE_RSTD, CACHE_ROW, PREFETCH_W (weight chunks loaded in pass 1), BATCH_RELOAD, TWO_PASS;
+// HAS_OFFSET, STORE_RSTD, CACHE_ROW, PREFETCH_W (weight chunks loaded in pass 1), BATCH_RELOAD, TWO_PASS,
+// IN_PLACE, ROUND_XHAT, PDL, STORE_Y, QUANT, QDYNAMIC, QDIV, QINT, HAS_SMOOTH, HAS_SCALE_UB; QMAX, QFLOOR, ALIGN_QT, ALIGN_SMOOTH;
 // WEIGHT_OFFSET; TARGET (gpu.module target attribute), KERNEL_ATTRS (a register bound), ENTRY,
 // ARGS (the signature, from the kernel catalogue) and ABSENT (the template's tensors a kernel
 // does not pass); the pieces STATS_PIECE (the op's math), RSQRT_PIECE, LATE_EXT_HT_PIECE (pass
 // 2's cast of the held h), LATE_EXT_WT_PIECE and LATE_EXT_BT_PIECE (the weight's and bias's),
 // LATE_EXT_DEV_PIECE (TWO_PASS's cast of the held h, spelled unlike pass 2's),
 // WB_CONTRACT (fastmath<contract>, x_hat * w + b as one fma, where the casts go by words, or none),
-// CLUSTER_PIECE (cross-block sums), POLICY_PIECE (cache policies), and the spliced pieces' own.
-// Tensors: x, residual, w, b, y, residual_out (rows of N or N columns), rstd and mean (fp32 per row);
-// scalars: rows, the row strides of x, residual, y and residual_out (elements), and the grid
-// size in blocks.
+// CLUSTER_PIECE (cross-block sums), POLICY_PIECE (cache policies), GRID_DEP_PIECE (PDL's wait), QUANT_PIECE (fp8 pairs and int8),
+// and the spliced pieces' own.
+// Tensors: x, residual, w, b, y, residual_out, q (rows of N or N columns), smooth (N fp32), rstd,
+// mean and scales (fp32 per row), scale and scale_ub (one fp32); scalars: rows, the row strides of
+// x, residual, y, residual_out and q (elements), and the grid size in blocks.
 module attributes {gpu.container_module} {
 gpu.module @normir [${TARGET}] {
-// normir:splice common/row_sum.mlir
+// normir:splice common/row_sum.mlir FN=normir_row_sum PAIR=normir_combine_pair
+// normir:splice common/row_sum.mlir FN=normir_row_max PAIR=normir_max_pair NR=1 PAIR_FIRST=0
+// normir:splice common/combine_max.mlir
+// normir:splice common/quant.mlir
+// normir:splice ${QUANT_PIECE}
 // normir:splice ${COMBINE_PIECE}
 // normir:splice ${STATS_PIECE}
 // normir:splice ${RSQRT_PIECE}
@@ -62,10 +80,12 @@ gpu.module @normir [${TARGET}] {
 // normir:splice ${LATE_EXT_DEV_PIECE} TENSOR=h_dev TYPE=${HT} EXT=${EXT_HT}
 // normir:splice ${CLUSTER_PIECE}
 // normir:splice ${POLICY_PIECE}
+// normir:splice ${GRID_DEP_PIECE}
 // normir:splice common/row_io.mlir TENSOR=x TYPE=${T} ALIGN=${ALIGN_T} EB=${EB_T}
 // normir:splice common/row_io.mlir TENSOR=residual TYPE=${RT} ALIGN=${ALIGN_RT} EB=${EB_RT}
-// normir:splice common/row_io.mlir TENSOR=residual_out TYPE=${HT} ALIGN=${ALIGN_HT} EB=${EB_HT}
+// normir:splice common/row_io.mlir TENSOR=residual_out TYPE=${ST} ALIGN=${ALIGN_ST} EB=${EB_ST}
 // normir:splice common/row_io.mlir TENSOR=y TYPE=${YT} ALIGN=${ALIGN_YT} EB=${EB_YT}
+// normir:splice common/row_io.mlir TENSOR=q TYPE=i8 ALIGN=${ALIGN_QT} EB=1 HINT_IO_PIECE=common/hint_io_none.mlir HINT_LD=false HINT_ST=false
 
   gpu.func @${ENTRY}(
       ${ARGS})
@@ -88,13 +108,28 @@ ${ABSENT}
     %store_rstd = arith.constant ${STORE_RSTD}
     %has_mean = arith.constant ${HAS_MEAN}
     %store_mean = arith.andi %store_rstd, %has_mean : i1
+    %true = arith.constant true
     %store_residual = arith.constant ${STORE_RESIDUAL}
+    // IN_PLACE (y may be x, residual_out the residual): residual_out is stored in pass 2, each
+    // chunk by the thread that read it, after the row's reductions; no thread then reads a chunk
+    // another has written (the shift, h[row, 0], is read by all before any store).
+    %in_place = arith.constant ${IN_PLACE}
+    %round_xhat = arith.constant ${ROUND_XHAT}
+    %out_of_place = arith.xori %in_place, %true : i1
+    %store_residual_early = arith.andi %store_residual, %out_of_place : i1
+    %store_residual_late = arith.andi %store_residual, %in_place : i1
     %cache_row = arith.constant ${CACHE_ROW}
     %prefetch_w = arith.constant ${PREFETCH_W}
     %eb = arith.constant ${EB} : index
-    %true = arith.constant true
     %batch_reload = arith.constant ${BATCH_RELOAD}
     %two_pass = arith.constant ${TWO_PASS}
+    %store_y = arith.constant ${STORE_Y}
+    %quant = arith.constant ${QUANT}
+    %qdynamic = arith.constant ${QDYNAMIC}
+    %qdiv = arith.constant ${QDIV}
+    %qint = arith.constant ${QINT}
+    %has_smooth = arith.constant ${HAS_SMOOTH}
+    %has_scale_ub = arith.constant ${HAS_SCALE_UB}
     %overlap_k = arith.constant ${OVERLAP_K} : index
     %zero_f = arith.constant 0.0 : f32
     %zero_acc = arith.constant dense<0.0> : ${FWD_ACC}
@@ -124,6 +159,14 @@ ${ABSENT}
     %pol_store = func.call @normir_policy_store() : () -> i64
     %pol_pass1 = arith.select %cache_row, %pol_first, %pol_last : i64
     func.call @normir_cluster_init(%tid) : (index) -> ()  // before any peer's first exchange
+    // PDL (launched with programmatic stream serialization): this grid may start while the kernel
+    // ahead of it ends; it waits for that kernel and its writes before its first global access,
+    // so it is safe whatever that kernel wrote (weights included), and lets the next one launch.
+    %pdl = arith.constant ${PDL}
+    scf.if %pdl {
+      func.call @normir_grid_dep_wait() : () -> ()
+      func.call @normir_grid_dep_launch() : () -> ()
+    }
 
     // The grid has a block (cluster) per group: a loop of one trip, which folds away.
     %cid_next = arith.addi %cid, %c1 : index
@@ -156,9 +199,10 @@ ${ABSENT}
             %m = func.call @normir_fwd_load_h(%x_arg, %residual_arg, %row, %col, %rows, %x_stride, %residual_stride,
                                               %pol_pass1, %cache_row)
                 : (memref<${N}x${T}>, memref<${N}x${RT}>, index, index, index, index, index, i64, i1) -> vector<${V}x${HT}>
-            scf.if %store_residual {
-              func.call @normir_store_residual_out(%residual_out_arg, %row, %col, %rows, %residual_out_stride, %m, %pol_store)
-                  : (memref<${N}x${HT}>, index, index, index, index, vector<${V}x${HT}>, i64) -> ()
+            scf.if %store_residual_early {
+              %ms = ${H_TO_S} %m : vector<${V}x${HT}> to vector<${V}x${ST}>
+              func.call @normir_store_residual_out(%residual_out_arg, %row, %col, %rows, %residual_out_stride, %ms, %pol_store)
+                  : (memref<${N}x${ST}>, index, index, index, index, vector<${V}x${ST}>, i64) -> ()
             }
             scf.yield %m : vector<${V}x${HT}>
           } else {
@@ -272,62 +316,102 @@ ${ABSENT}
         }
         %x_held = arith.ori %cache_row, %batch_reload : i1
         %w_held = arith.ori %prefetch_w, %batch_reload : i1
+        // QUANT: the row's scale s and the factor q takes (1 / s; QDIV: s itself, q = y / s). With
+        // QDYNAMIC s comes from the row's amax of y (y * smooth with HAS_SMOOTH; NaN ignored), over
+        // a pass of its own through the held row (or the row read again), merged over the row's
+        // threads (normir_row_max: %red again, after a barrier where warps share it), capped at
+        // scale_ub (HAS_SCALE_UB), s = max(amax / QMAX, QFLOOR), stored per row; else s = scale[0].
+        %scale_s, %scale_mul = scf.if %quant -> (f32, f32) {
+          %s = scf.if %qdynamic -> (f32) {
+            %amax_thread = affine.for %k = 0 to ${K} iter_args(%am = %zero_f) -> (f32) {
+              // normir:splice common/chunk.mlir LIVE=live
+              %am_next = scf.if %live -> (f32) {
+                // normir:splice common/fwd_y.mlir
+                // |y|: the sign bit cleared (the NVVM and ROCDL lowerings take no vector fabs)
+                %y_bits = arith.bitcast %yq : vector<${V}xf32> to vector<${V}xi32>
+                %magnitude = arith.constant dense<2147483647> : vector<${V}xi32>
+                %abs_bits = arith.andi %y_bits, %magnitude : vector<${V}xi32>
+                %ya = arith.bitcast %abs_bits : vector<${V}xi32> to vector<${V}xf32>
+                %chunk_max = vector.reduction <maxnumf>, %ya : vector<${V}xf32> into f32
+                %m = llvm.intr.maxnum(%am, %chunk_max) : (f32, f32) -> f32
+                scf.yield %m : f32
+              } else {
+                scf.yield %am : f32
+              }
+              affine.yield %am_next : f32
+            }
+            %multi_warp = arith.constant ${MULTI_WARP}
+            scf.if %multi_warp {  // one row a block: uniform
+              gpu.barrier
+            }
+            %amax_v = vector.from_elements %amax_thread : vector<1xf32>
+            %red_max = memref.reinterpret_cast %red to offset: [0], sizes: [1, ${WPR}], strides: [${WPR}, 1]
+                : memref<${NR}x${WPR}xf32, #gpu.address_space<workgroup>> to memref<1x${WPR}xf32, #gpu.address_space<workgroup>>
+            %amax_row = func.call @normir_row_max(%amax_v, %tid, %red_max)
+                : (vector<1xf32>, index, memref<1x${WPR}xf32, #gpu.address_space<workgroup>>) -> vector<1xf32>
+            %amax = vector.extract %amax_row[0] : f32 from vector<1xf32>
+            %capped = scf.if %has_scale_ub -> (f32) {
+              %ub = memref.load %scale_ub_arg[%c0] : memref<1xf32>
+              %a = llvm.intr.minnum(%amax, %ub) : (f32, f32) -> f32
+              scf.yield %a : f32
+            } else {
+              scf.yield %amax : f32
+            }
+            %qmax = arith.constant ${QMAX} : f32
+            %qfloor = arith.constant ${QFLOOR} : f32
+            %s_raw = arith.divf %capped, %qmax : f32
+            %s_row = llvm.intr.maxnum(%s_raw, %qfloor) : (f32, f32) -> f32
+            scf.if %lead {
+              %scales_out = memref.reinterpret_cast %scales_arg to offset: [0], sizes: [%rows], strides: [1]
+                  : memref<1xf32> to memref<?xf32>
+              memref.store %s_row, %scales_out[%row] : memref<?xf32>
+            }
+            scf.yield %s_row : f32
+          } else {
+            %s_given = memref.load %scale_arg[%c0] : memref<1xf32>
+            scf.yield %s_given : f32
+          }
+          %one = arith.constant 1.0 : f32
+          %inv = arith.divf %one, %s : f32  // IEEE division: once a row
+          %mul = arith.select %qdiv, %s, %inv : f32
+          scf.yield %s, %mul : f32, f32
+        } else {
+          %one = arith.constant 1.0 : f32
+          scf.yield %one, %one : f32, f32
+        }
+        %scale_v = vector.broadcast %scale_mul : f32 to vector<${V}xf32>
         affine.for %k = 0 to ${K} {
           // normir:splice common/chunk.mlir LIVE=live
           scf.if %live {
-            %xv = scf.if %x_held -> (vector<${V}x${HT}>) {
-              %v = vector.load %xbuf[%k, %c0] : memref<${K}x${V}x${HT}, #gpu.address_space<private>>, vector<${V}x${HT}>
-              scf.yield %v : vector<${V}x${HT}>
-            } else {
-              %v = func.call @normir_fwd_load_h(%x_arg, %residual_arg, %row, %col, %rows, %x_stride, %residual_stride,
-                                                %pol_first, %true)
-                  : (memref<${N}x${T}>, memref<${N}x${RT}>, index, index, index, index, index, i64, i1) -> vector<${V}x${HT}>
-              scf.yield %v : vector<${V}x${HT}>
+            // normir:splice common/fwd_y.mlir
+            scf.if %store_residual_late {
+              %hs = ${H_TO_S} %xv : vector<${V}x${HT}> to vector<${V}x${ST}>
+              func.call @normir_store_residual_out(%residual_out_arg, %row, %col, %rows, %residual_out_stride, %hs, %pol_store)
+                  : (memref<${N}x${ST}>, index, index, index, index, vector<${V}x${ST}>, i64) -> ()
             }
-            %xf = func.call @normir_late_ext_h(%xv) : (vector<${V}x${HT}>) -> vector<${V}xf32>
-            %xs = arith.subf %xf, %shift_v : vector<${V}xf32>
-            %xn = func.call @normir_fwd_norm(%xs, %rstd_v, %mean_v)
-                : (vector<${V}xf32>, vector<${V}xf32>, vector<${V}xf32>) -> vector<${V}xf32>
-            %yf = scf.if %has_weight -> (vector<${V}xf32>) {
-              %w_early = arith.cmpi ult, %k, %overlap_k : index
-              %w_in_buf = arith.ori %w_held, %w_early : i1
-              %wv = scf.if %w_in_buf -> (vector<${V}x${WT}>) {
-                %v = vector.load %wbuf[%k, %c0] : memref<${K}x${V}x${WT}, #gpu.address_space<private>>, vector<${V}x${WT}>
-                scf.yield %v : vector<${V}x${WT}>
-              } else {
-                %v = vector.load %w_arg[%col] {alignment = ${W_ALIGN}} : memref<${N}x${WT}>, vector<${V}x${WT}>
-                scf.yield %v : vector<${V}x${WT}>
-              }
-              %wf0 = func.call @normir_late_ext_w(%wv) : (vector<${V}x${WT}>) -> vector<${V}xf32>
-              %wf = scf.if %has_offset -> (vector<${V}xf32>) {  // y = x_hat * (w + weight_offset)
-                %wo = arith.addf %wf0, %offset_v : vector<${V}xf32>
-                scf.yield %wo : vector<${V}xf32>
-              } else {
-                scf.yield %wf0 : vector<${V}xf32>
-              }
-              %yw = arith.mulf %xn, %wf ${WB_CONTRACT} : vector<${V}xf32>
-              scf.yield %yw : vector<${V}xf32>
-            } else {
-              scf.yield %xn : vector<${V}xf32>
+            scf.if %store_y {
+              %yv = ${TRUNC_YT} %yb : vector<${V}xf32> to vector<${V}x${YT}>
+              func.call @normir_store_y(%y_arg, %row, %col, %rows, %y_stride, %yv, %pol_store)
+                  : (memref<${N}x${YT}>, index, index, index, index, vector<${V}x${YT}>, i64) -> ()
             }
-            %yb = scf.if %has_bias -> (vector<${V}xf32>) {
-              %b_early = arith.cmpi ult, %k, %overlap_k : index
-              %bv = scf.if %b_early -> (vector<${V}x${BT}>) {
-                %v = vector.load %bbuf[%k, %c0] : memref<${K}x${V}x${BT}, #gpu.address_space<private>>, vector<${V}x${BT}>
-                scf.yield %v : vector<${V}x${BT}>
+            scf.if %quant {
+              %qin = scf.if %qdiv -> (vector<${V}xf32>) {
+                %d = arith.divf %yq, %scale_v : vector<${V}xf32>  // a true divide (dynamic fp8)
+                scf.yield %d : vector<${V}xf32>
               } else {
-                %v = vector.load %b_arg[%col] {alignment = ${ALIGN_BT}} : memref<${N}x${BT}>, vector<${V}x${BT}>
-                scf.yield %v : vector<${V}x${BT}>
+                %m = arith.mulf %yq, %scale_v : vector<${V}xf32>
+                scf.yield %m : vector<${V}xf32>
               }
-              %bf = func.call @normir_late_ext_b(%bv) : (vector<${V}x${BT}>) -> vector<${V}xf32>
-              %yb1 = arith.addf %yf, %bf ${WB_CONTRACT} : vector<${V}xf32>
-              scf.yield %yb1 : vector<${V}xf32>
-            } else {
-              scf.yield %yf : vector<${V}xf32>
+              %qv = scf.if %qint -> (vector<${V}xi8>) {
+                %i = func.call @normir_to_i8(%qin) : (vector<${V}xf32>) -> vector<${V}xi8>
+                scf.yield %i : vector<${V}xi8>
+              } else {
+                %f = func.call @normir_to_fp8(%qin) : (vector<${V}xf32>) -> vector<${V}xi8>
+                scf.yield %f : vector<${V}xi8>
+              }
+              func.call @normir_store_q(%q_arg, %row, %col, %rows, %q_stride, %qv, %pol_store)
+                  : (memref<${N}xi8>, index, index, index, index, vector<${V}xi8>, i64) -> ()
             }
-            %yv = ${TRUNC_YT} %yb : vector<${V}xf32> to vector<${V}x${YT}>
-            func.call @normir_store_y(%y_arg, %row, %col, %rows, %y_stride, %yv, %pol_store)
-                : (memref<${N}x${YT}>, index, index, index, index, vector<${V}x${YT}>, i64) -> ()
           }
         }
       }

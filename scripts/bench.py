@@ -92,15 +92,24 @@ SMALL_CALLS = 2000
 # Host-visible time of small calls, per op: fwd (normir: rmsnorm_fwd, the *_fwd function; peers:
 # their forward), fwd_grad (the autograd path: a forward recording a graph for a weight that
 # requires grad), fwdbwd (forward and backward through autograd), and each other forward.
-SMALL_OPS = ("fwd", "fwd_grad", "fwdbwd", "add_fwd", "ln_fwd", "add_ln_fwd")
+SMALL_OPS = ("fwd", "fwd_grad", "fwdbwd", "add_fwd", "ln_fwd", "add_ln_fwd", "ip_add_fwd", "q8_fwd", "qi8_fwd",
+             "add_q8_fwd", "ln_q8_fwd")
 # The forwards are also timed inside a CUDA graph of GRAPH_CALLS back-to-back calls: the device's
 # time per call with no host time in it (what a captured model pays per norm).
-GRAPH_OPS = ("fwd", "add_fwd", "ln_fwd", "add_ln_fwd")
+GRAPH_OPS = ("fwd", "add_fwd", "ln_fwd", "add_ln_fwd", "ip_add_fwd", "q8_fwd", "qi8_fwd", "add_q8_fwd", "ln_q8_fwd")
 GRAPH_CALLS = 100
 DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
-OPS = ("fwd", "bwd", "fwdbwd", "add_fwd", "add_bwd", "ln_fwd", "ln_bwd", "add_ln_fwd", "add_ln_bwd")
-BYTES_PER_ELEM = {"fwd": 2, "bwd": 3, "fwdbwd": 5, "add_fwd": 4, "add_bwd": 4,  # M x N tensors each op moves
-                  "ln_fwd": 2, "ln_bwd": 3, "add_ln_fwd": 4, "add_ln_bwd": 4}
+OPS = ("fwd", "bwd", "fwdbwd", "add_fwd", "add_bwd", "ln_fwd", "ln_bwd", "add_ln_fwd", "add_ln_bwd",
+       "ip_add_fwd", "q8_fwd", "qi8_fwd", "add_q8_fwd", "ln_q8_fwd")
+# M x N tensors of x's dtype each op moves (a quantized q is half a 16-bit tensor: one byte an element)
+BYTES_PER_ELEM = {"fwd": 2, "bwd": 3, "fwdbwd": 5, "add_fwd": 4, "add_bwd": 4,
+                  "ln_fwd": 2, "ln_bwd": 3, "add_ln_fwd": 4, "add_ln_bwd": 4,
+                  # the serving forms: the fused add in place (x, residual read; both written), and
+                  # y quantized per token (fp8, int8; the fused add's residual updated in place)
+                  "ip_add_fwd": 4, "q8_fwd": 1.5, "qi8_fwd": 1.5, "add_q8_fwd": 3.5, "ln_q8_fwd": 1.5}
+# The quantized ops' formats and fused adds: (torch dtype of q, residual added)
+QUANT_OPS = {"q8_fwd": (torch.float8_e4m3fn, False), "qi8_fwd": (torch.int8, False),
+             "add_q8_fwd": (torch.float8_e4m3fn, True), "ln_q8_fwd": (torch.float8_e4m3fn, False)}
 
 
 @dataclass(frozen=True)
@@ -328,6 +337,82 @@ def normir_add_ln_bwd(atomic: bool) -> Setup:
     return setup
 
 
+def normir_serving(enable_pdl: bool | None = None) -> dict[str, Setup]:
+    """The serving forms (normir.serving): the fused add in place, and the per-token quantized
+    forwards (LayerNorm's through normir.layernorm_quant), into preallocated outputs. The in-place
+    calls work on copies made in the setup: each timed call rewrites them with the same math.
+    enable_pdl: programmatic dependent launch (None: NORMIR_PDL's, on; the normir-nopdl row off)."""
+    import normir
+
+    S = normir.serving
+
+    def ip_add(t: Inputs):
+        x, r = t.x.clone(), t.residual.clone()
+        return lambda: S.fused_add_rms_norm(x, r, t.w, EPS, enable_pdl=enable_pdl)
+
+    def quantized(op: str) -> Setup:
+        qdtype, add = QUANT_OPS[op]
+
+        def setup(t: Inputs):
+            q = torch.empty(t.x.shape, dtype=qdtype, device=t.x.device)
+            scales = torch.empty((*t.x.shape[:-1], 1), device=t.x.device)
+            if op == "ln_q8_fwd":
+                return lambda: normir.layernorm_quant(t.x, t.w, t.b, LN_EPS, enable_pdl=enable_pdl)
+            r = t.residual.clone() if add else None
+            return lambda: S.rms_norm_dynamic_per_token_quant(q, t.x, t.w, scales, EPS, None, r, enable_pdl=enable_pdl)
+
+        return setup
+
+    return {"ip_add_fwd": ip_add, **{op: quantized(op) for op in QUANT_OPS}}
+
+
+def per_token_quant(y: torch.Tensor, qdtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+    """The peers' quantization after the norm (torch): per-row amax scales, as normir's dynamic rule."""
+    fp8 = qdtype == torch.float8_e4m3fn
+    qmax, floor = (448.0, 1.0 / (448.0 * 512.0)) if fp8 else (127.0, torch.finfo(torch.float32).eps)
+    yf = y.float()
+    s = torch.clamp_min(yf.abs().amax(-1, keepdim=True) / qmax, floor)
+    q = (yf / s).clamp(-qmax, qmax).to(qdtype) if fp8 else torch.round(yf * (1.0 / s)).clamp(-128, 127).to(qdtype)
+    return q, s
+
+
+def quant_composites(norm: Fn, ln: LnFn, wrap: Callable[[Callable], Callable] = lambda f: f) -> dict[str, Setup]:
+    """A peer's quantized rows: its norm then per_token_quant (and the add first where fused),
+    each composite wrapped (torch.compile for the compiled peer), and its in-place fused add."""
+    def composite(op: str) -> Setup:
+        qdtype, add = QUANT_OPS[op]
+        if op == "ln_q8_fwd":
+            fn = wrap(lambda x, w, b: per_token_quant(ln(x, w, b, LN_EPS), qdtype))
+            return lambda t: (lambda: fn(t.x, t.w, t.b))
+        if add:
+            def fused(x, r, w):
+                h = x + r
+                r.copy_(h)
+                return per_token_quant(norm(h, w, EPS), qdtype)
+
+            fn = wrap(fused)
+
+            def fused_setup(t: Inputs):
+                r = t.residual.clone()
+                return lambda: fn(t.x, r, t.w)
+
+            return fused_setup
+        fn = wrap(lambda x, w: per_token_quant(norm(x, w, EPS), qdtype))
+        return lambda t: (lambda: fn(t.x, t.w))
+
+    def in_place(x, r, w):
+        r.add_(x)
+        x.copy_(norm(r, w, EPS))
+
+    ip = wrap(in_place)
+
+    def ip_setup(t: Inputs):
+        x, r = t.x.clone(), t.residual.clone()
+        return lambda: ip(x, r, t.w)
+
+    return {"ip_add_fwd": ip_setup, **{op: composite(op) for op in QUANT_OPS}}
+
+
 # ---------------------------------------------------------------------------- providers
 
 
@@ -346,9 +431,11 @@ def load_normir() -> list[Provider]:
                             "bwd": normir_bwd(False), "fwdbwd": autograd_fwdbwd(normir.rmsnorm),
                             "add_fwd": normir_add_fwd, "add_bwd": normir_add_bwd(False),
                             "ln_fwd": normir_ln_fwd, "ln_bwd": normir_ln_bwd(False),
-                            "add_ln_fwd": normir_add_ln_fwd, "add_ln_bwd": normir_add_ln_bwd(False)}),
+                            "add_ln_fwd": normir_add_ln_fwd, "add_ln_bwd": normir_add_ln_bwd(False),
+                            **normir_serving()}),
         Provider("normir-atomic", {"bwd": normir_bwd(True), "add_bwd": normir_add_bwd(True),
                                    "ln_bwd": normir_ln_bwd(True), "add_ln_bwd": normir_add_ln_bwd(True)}),
+        Provider("normir-nopdl", normir_serving(enable_pdl=False)),  # what programmatic launch buys
     ]
 
 
@@ -376,7 +463,8 @@ def load_torch() -> list[Provider]:
     def eager(x, w, eps):
         return torch.nn.functional.rms_norm(x, (x.shape[-1],), w, eps)
 
-    return [provider("torch", eager, _add_then_norm(eager), _layer_norm, _add_then_ln(_layer_norm))]
+    return [provider("torch", eager, _add_then_norm(eager), _layer_norm, _add_then_ln(_layer_norm),
+                     **quant_composites(eager, _layer_norm))]
 
 
 def load_compile() -> list[Provider]:
@@ -391,7 +479,8 @@ def load_compile() -> list[Provider]:
     # LayerNorm: F.layer_norm as is (inductor's decomposition computes a 16-bit x's statistics in fp32).
     compiled_ln = torch.compile(_layer_norm, dynamic=False)
     compiled_add_ln = torch.compile(_add_then_ln(_layer_norm), dynamic=False)
-    return [provider("compile", compiled, compiled_add, compiled_ln, compiled_add_ln)]
+    quant = quant_composites(_rmsnorm_fp32, _layer_norm, lambda f: torch.compile(f, dynamic=False))
+    return [provider("compile", compiled, compiled_add, compiled_ln, compiled_add_ln, **quant)]
 
 
 def load_liger() -> list[Provider]:
@@ -555,7 +644,8 @@ def measure_shape(providers: list[Provider], ops: list[str], m: int, n: int,
 
 def _measure_shape(providers: list[Provider], ops: list[str], m: int, n: int,
                    dtype: torch.dtype, rounds: int) -> dict[str, dict[str, Any]]:
-    t = inputs(m, n, dtype, add=any(op.startswith("add_") for op in ops), ln=any(is_layernorm(op) for op in ops))
+    t = inputs(m, n, dtype, add=any(op.startswith(("add_", "ip_add")) for op in ops),
+               ln=any(is_layernorm(op) for op in ops))
     out = {}
     for op in ops:
         nbytes = BYTES_PER_ELEM[op] * m * n * t.x.element_size()
@@ -642,8 +732,15 @@ def is_layernorm(op: str) -> bool:
     return op.removeprefix("add_").startswith("ln_")
 
 
+SERVING_TITLES = {"ip_add_fwd": "fused add + rmsnorm fwd, in place", "q8_fwd": "rmsnorm fwd, fp8 per token",
+                  "qi8_fwd": "rmsnorm fwd, int8 per token", "add_q8_fwd": "fused add + rmsnorm fwd, fp8 per token",
+                  "ln_q8_fwd": "layernorm fwd, fp8 per token"}
+
+
 def op_title(op: str) -> str:
     """The plot's name of an op: "fused add + rmsnorm bwd", "layernorm fwd"."""
+    if op in SERVING_TITLES:
+        return SERVING_TITLES[op]
     base = op.removeprefix("add_")
     norm, direction = ("layernorm", base.removeprefix("ln_")) if is_layernorm(op) else ("rmsnorm", base)
     return f"{'fused add + ' if op.startswith('add_') else ''}{norm} {direction}"

@@ -9,7 +9,9 @@ d_residual_out in other dtypes than the row, each checked against the float64 re
 
 With `layernorm`, only the LayerNorm cases (after a change to LayerNorm's layouts alone); with N
 too, only SANITIZE_LN's cases of those N, the policy's layouts. With `gradients`, only the
-backwards with gradients in their own dtypes.
+backwards with gradients in their own dtypes. With `serving`, only the quantized and in-place
+forwards (normir.rmsnorm_quant, normir.layernorm_quant, normir.serving): racecheck there covers the
+dynamic scales' second reduction through shared memory and the in-place stores.
 """
 
 import os
@@ -32,6 +34,7 @@ from gpu_cases import (  # noqa: E402
     SANITIZE_LN,
     SANITIZE_LN_ATOMIC_N,
     SANITIZE_LN_COMBOS,
+    SANITIZE_SERVING_N,
     STAGE_DRES_CASES,
     sanitize_combos,
     tpr_value,
@@ -67,6 +70,8 @@ STAGE_DRES_FORCED = ",".join(f"{kernel}:{n}={tpr_value(k)}" for kernel, n, k in 
 
 
 def main() -> None:
+    if sys.argv[1:2] == ["serving"]:
+        atomic_and_report(serving_cases())
     if sys.argv[1:2] == ["gradients"]:
         atomic_and_report(gradient_dtype_cases())
     if sys.argv[1:2] == ["layernorm"]:
@@ -87,6 +92,7 @@ def main() -> None:
     bad += layernorm_atomic()
     bad += stage_dres_forced()
     bad += gradient_dtype_cases()
+    bad += serving_cases()
     atomic_and_report(bad)
 
 
@@ -270,6 +276,42 @@ def gradient_dtype_cases() -> int:
                 bad += not ok
                 print(f"gradient dtypes n={n} row {ht} dy {yt} g {gt}: " + " ".join(f"{v:.2e}" for v in e)
                       + (" ok" if ok else " FAIL"))
+    return bad
+
+
+def serving_cases() -> int:
+    """The quantized forwards (static and dynamic, fp8 and int8, with the fused add) and the
+    serving forms in place, at N of every layout (rows a warp, multi-warp rows with tails, one
+    1024-thread row), each dequantized q against the float64 y (one quantization step)."""
+    bad = 0
+    S = normir.serving
+    for n in SANITIZE_SERVING_N:
+        x, r = torch.randn((37, n), device="cuda").bfloat16(), torch.randn((37, n), device="cuda").bfloat16()
+        w, b = torch.randn(n, device="cuda").bfloat16() + 1, torch.randn(n, device="cuda").bfloat16()
+        for fn, args, ref in ((normir.rmsnorm_quant, (x, w, 1e-6), fused_add_rmsnorm_ref(x, r, w, None, 1e-6)),
+                              (normir.layernorm_quant, (x, w, b, LN_EPS), layernorm_ref(x, w, b, LN_EPS, r))):
+            for quant in ("fp8", "int8"):
+                for scale in (None, torch.tensor([0.02], device="cuda")):
+                    q, s_ = fn(*args, quant=quant, scale=scale, residual=r)[:2]
+                    deq = q.float() * s_
+                    e = err(deq, ref[0])
+                    ok = e < (0.07 if quant == "fp8" else 0.02) or scale is not None
+                    bad += not ok
+                    print(f"{fn.__name__} n={n} {quant} {'static' if scale is not None else 'dynamic'}: "
+                          f"dequantized {e:.2e} {'ok' if ok else 'FAIL'}")
+        xi, ri = x.clone(), r.clone()
+        S.fused_add_rms_norm(xi, ri, w, 1e-6)
+        xl, rl = x.clone(), r.clone()
+        S.fused_add_layer_norm(xl, rl, w, b, LN_EPS)
+        out, scales = torch.empty((37, n), device="cuda", dtype=torch.int8), torch.empty((37, 1), device="cuda")
+        rd = r.clone()
+        S.rms_norm_dynamic_per_token_quant(out, x, w, scales, 1e-6, None, rd)
+        e = (err(xi, fused_add_rmsnorm_ref(x, r, w, None, 1e-6)[0]), err(xl, layernorm_ref(x, w, b, LN_EPS, r)[0]),
+             err(out.float() * scales, fused_add_rmsnorm_ref(x, r, w, None, 1e-6)[0]))
+        ok = e[0] < 2e-2 and e[1] < 2e-2 and e[2] < 2e-2 and torch.equal(ri, rd)
+        bad += not ok
+        print(f"serving in place n={n}: fused add rms {e[0]:.2e} layer {e[1]:.2e} dynamic int8 {e[2]:.2e} "
+              f"{'ok' if ok else 'FAIL'}")
     return bad
 
 

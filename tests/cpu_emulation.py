@@ -9,7 +9,7 @@ from collections.abc import Callable
 
 import torch
 
-from normir.ops import _fused, _rows, fused_add_rmsnorm, layernorm, rmsnorm
+from normir.ops import _fused, _rows, fused_add_rmsnorm, layernorm, quant, rmsnorm, serving
 
 
 def _rms_fwd(x, weight, eps, store_rstd):
@@ -65,6 +65,45 @@ def _launch_bwd(dy, residual_out, weight, rstd, d_residual_out, bias_dtype, weig
         return dx, dres, dw, db
 
 
+def _launch_quant(kernel, x, residual, weight, bias, scale, scale_ub, smooth, eps, weight_offset, q, residual_dtype,
+                  return_y, store_stats, enable_pdl=None):
+    """The quantized forwards: the norm as _launch_fwd's, then quant.quantize_ref (the checks first)."""
+    eps, _, offset, _ = quant.quant_checks(x, residual, weight, bias, scale, scale_ub, smooth, eps, weight_offset, q,
+                                           residual_dtype)
+    y, h, rstd, mean = _launch_fwd(x, residual, weight, bias, eps, residual_dtype, torch.float32, offset, True, True,
+                                   kernel)
+    with torch.no_grad():
+        qv, s = quant.quantize_ref(y * smooth if smooth is not None else y, q, scale, scale_ub)
+    has_mean = kernel == quant.LN
+    return (qv, s if scale is None else None, h, y.to(x.dtype) if return_y else None,
+            mean if store_stats and has_mean else None, rstd if store_stats else None)
+
+
+def _launch_rows(fields, m, x2, xs, r2, rs, o2, os_, s2, weight, bias, scale, scale_ub, enable_pdl=None):
+    """The serving forms' kernels (serving.launch_rows): every output computed from the inputs
+    first, then written into the caller's rows (x2 and o2, r2 and the residual_out, may be one
+    tensor), as the in-place kernels order their reads and stores."""
+    with torch.no_grad():
+        hf = x2.float() + r2.float() if r2 is not None else x2.float()
+        h = hf.to(r2.dtype) if r2 is not None else None
+        hn = hf if (r2 is None or fields.get("sum_f32")) else h.float()
+        if fields["kernel"].startswith("layernorm"):
+            hn = hn - hn.mean(-1, keepdim=True)
+        xh = hn * torch.rsqrt(hn.pow(2).mean(-1, keepdim=True) + fields["eps"])
+        if fields.get("round_xhat"):
+            xh = xh.to(x2.dtype).float()
+        y = xh * weight.float() if weight is not None else xh
+        y = y + bias.float() if bias is not None else y
+        s = None
+        if fields.get("qdtype"):
+            y, s = quant.quantize_ref(y, "fp8" if fields["qdtype"] == "f8e4m3" else "int8", scale, scale_ub)
+        if h is not None:
+            r2.copy_(h)
+        o2.copy_(y.to(o2.dtype))
+        if s2 is not None:
+            s2.copy_(s.reshape(-1))
+
+
 def install(setattr_: Callable[[object, str, object], None] = setattr) -> None:
     """Replace the launches (and the GPU test) through setattr_: pytest's monkeypatch.setattr
     (undone after the test), or the builtin setattr for a whole process."""
@@ -74,3 +113,5 @@ def install(setattr_: Callable[[object, str, object], None] = setattr) -> None:
     for module in (_fused, fused_add_rmsnorm, layernorm):
         setattr_(module, "launch_fwd", _launch_fwd)
         setattr_(module, "launch_bwd", _launch_bwd)
+    setattr_(quant, "launch_quant", _launch_quant)
+    setattr_(serving, "launch_rows", _launch_rows)

@@ -39,18 +39,32 @@ def _other(dt: str) -> str:
 
 # Each kernel's feature sets over a mix (x, w): Options fields beside kernel, n, dtype, wdtype, target.
 VARIANTS = {
-    "rmsnorm_fwd": lambda x, w: [dict(store_rstd=True), dict(store_rstd=True, has_weight=False), dict()],
+    "rmsnorm_fwd": lambda x, w: [dict(store_rstd=True), dict(store_rstd=True, has_weight=False), dict(),
+                                 dict(inplace=True)],
     "rmsnorm_bwd": lambda x, w: [dict(), dict(has_weight=False), dict(odtype=_other(x))],
     "fused_add_rmsnorm_fwd": lambda x, w: [
         dict(rdtype=x, store_residual=True, store_rstd=True), dict(rdtype="f32", store_residual=True, bdtype=x),
-        dict(rdtype=x, store_residual=True, weight_offset=1.0, store_rstd=True), dict(bdtype=x, odtype="f32")],
+        dict(rdtype=x, store_residual=True, weight_offset=1.0, store_rstd=True), dict(bdtype=x, odtype="f32"),
+        dict(rdtype=x, store_residual=True, inplace=True)],
     "fused_add_rmsnorm_bwd": lambda x, w: [
         dict(has_dres_out=True), dict(has_dres_out=True, bdtype="f32"), dict(),
         dict(has_dres_out=True, rdtype=_other(x), gdtype=_other(x))],
     "layernorm_fwd": lambda x, w: [dict(bdtype=w, store_rstd=True), dict(has_weight=False),
-                                   dict(rdtype=x, store_residual=True, bdtype=w, store_rstd=True)],
+                                   dict(rdtype=x, store_residual=True, bdtype=w, store_rstd=True),
+                                   dict(rdtype=x, store_residual=True, bdtype=w, inplace=True)],
     "layernorm_bwd": lambda x, w: [dict(bdtype="f32"), dict(has_weight=False),
                                    dict(has_dres_out=True, bdtype="f32"), dict(has_dres_out=True, odtype=_other(x))],
+    "rmsnorm_quant_fwd": lambda x, w: [
+        dict(qdtype="f8e4m3", qdynamic=True, store_y=False), dict(qdtype="i8", qdynamic=True, store_y=False,
+                                                                   has_smooth=True),
+        dict(qdtype="f8e4m3", store_y=False),
+        dict(qdtype="f8e4m3", qdynamic=True, has_scale_ub=True, rdtype=x, store_residual=True),
+        # the serving forms: the residual in place, vLLM's dynamic rule
+        dict(qdtype="f8e4m3", qdynamic=True, rdtype=x, store_residual=True, inplace=True, store_y=False, sum_f32=True,
+             round_xhat=True),
+        dict(qdtype="i8", qdynamic=True, store_y=False, round_xhat=True)],
+    "layernorm_quant_fwd": lambda x, w: [dict(qdtype="i8", qdynamic=True, bdtype=w, store_y=False),
+                                         dict(qdtype="f8e4m3", rdtype=x, store_residual=True, bdtype=w, store_y=False)],
 }
 
 

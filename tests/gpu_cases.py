@@ -226,6 +226,8 @@ def specializations() -> list[dict]:
         plan += _bwd(n, "bf16", "bf16") + _bwd(n, "bf16", "bf16", atomic=True)
     plan += fused_specializations() + layer_specializations() + swap_specializations() + integration_specializations()
     plan += stage_dres_specializations() + training_specializations() + distributed_specializations()
+    plan += quant_specializations()
+    plan += serving_specializations()
     seen, out = set(), []
     for p in plan:
         k = tuple(sorted(p.items()))
@@ -565,3 +567,104 @@ def distributed_specializations() -> list[dict]:
     plan += [layer_fwd(n, dt, b=dt)] + layer_bwd(n, dt, b=dt)
     plan += [layer_fwd(n, dt, dt, b=dt)] + layer_bwd(n, dt, dt, b=dt)
     return plan
+
+
+# The quantized forwards (test_gpu_quant.py): bf16 rows, weight (and LayerNorm's bias) in bf16;
+# each (kernel, quant, static or dynamic) at QUANT_N with and without the residual add, q and y
+# written and the statistics stored (the reference takes the kernel's rstd and mean).
+QUANT_KERNELS = ("rmsnorm_quant_fwd", "layernorm_quant_fwd")
+QUANT_N = (1, 7, 769, 1025, 5137, 32768)
+QUANT_M = 37
+QUANT_ROW_N = 1025  # the special rows: zeros, one huge value, NaN, +-inf
+QUANT_BATCH_N = 4096  # batch invariance, the options (smooth, scale_ub), compile, CUDA graphs, strides
+QUANT_BATCH_M = (1, 7, 256, 4096)
+QUANT_OFFSET_N = (1025, 4096)  # x one element past an aligned start: narrower vectors
+
+
+def quant_fwd(n, kernel, quant, dynamic, *, residual=False, smooth=False, ub=False, return_y=True, store_stats=True,
+              vec=0, dt="bf16", pdl=True) -> dict:
+    """The specialization normir.ops.quant.launch_quant builds for these arguments (pdl: on the
+    H200 by default, NORMIR_PDL)."""
+    ln = kernel == "layernorm_quant_fwd"
+    return dict(kernel=kernel, n=n, dtype=dt, wdtype=dt, eps=1e-5 if ln else 1e-6, target="sm_90", has_weight=True,
+                store_rstd=store_stats, vec=vec or max_vec(n, DTYPES[dt]), rdtype=dt if residual else "",
+                bdtype=dt if ln else "", store_residual=residual, qdtype="f8e4m3" if quant == "fp8" else "i8",
+                qdynamic=dynamic, has_smooth=smooth, has_scale_ub=ub, store_y=return_y, pdl=pdl)
+
+
+def quant_specializations() -> list[dict]:
+    """What test_gpu_quant.py and the benchmark's quantized rows launch."""
+    plan: list[dict] = []
+    for kernel in QUANT_KERNELS:
+        for quant in ("fp8", "int8"):
+            for dynamic in (False, True):
+                for n in QUANT_N:
+                    plan += [quant_fwd(n, kernel, quant, dynamic, residual=r) for r in (False, True)]
+                plan.append(quant_fwd(QUANT_ROW_N, kernel, quant, dynamic))
+                n = QUANT_BATCH_N
+                plan += [quant_fwd(n, kernel, quant, dynamic, return_y=False, store_stats=False)]  # API, graphs
+                plan += [quant_fwd(n, kernel, quant, dynamic, residual=True, return_y=False, store_stats=False)]
+            for n in QUANT_OFFSET_N:  # unaligned x and its contiguous twin (the functions' defaults)
+                plan += [quant_fwd(n, kernel, quant, True, vec=v, return_y=False, store_stats=False)
+                         for v in _vecs(n, "bf16")]
+            plan += [quant_fwd(QUANT_BATCH_N, kernel, quant, True, smooth=True)]
+            plan += [quant_fwd(QUANT_BATCH_N, kernel, quant, True, residual=True, store_stats=False)]  # y, residual_out
+        plan += [quant_fwd(QUANT_BATCH_N, kernel, "fp8", True, smooth=s, ub=True) for s in (False, True)]
+        plan += [quant_fwd(QUANT_BATCH_N, kernel, "fp8", True, ub=True, return_y=False, store_stats=False)]  # graphs
+    for n in BENCH_N + (4096,):
+        for kernel in QUANT_KERNELS:
+            for quant in ("fp8", "int8"):
+                for dynamic in (False, True):
+                    plan += [quant_fwd(n, kernel, quant, dynamic, residual=r, return_y=False, store_stats=False,
+                                       pdl=pdl) for r in (False, True) for pdl in (True, False)]
+    return plan
+
+
+# test_gpu_serving.py: the serving forms (normir.serving) at SERVING_N (odd N, tails, one row split
+# over a cluster) over SERVING_M rows, the CUDA graphs and batch invariance at 4096, and the
+# out-of-place kernels they are compared with.
+SERVING_N = (1, 7, 769, 1025, 5137, 32768)
+SERVING_M = 37
+SERVING_BATCH_M = (1, 7, 256, 4096)
+SANITIZE_SERVING_N = (7, 1025, 5137, 32768)  # scripts/sanitize.py serving: every layout of the forwards
+
+
+def serving_specializations() -> list[dict]:
+    """What test_gpu_serving.py launches (its serving calls through normir.ops.serving.problem)."""
+    import torch
+
+    from normir.ops.serving import LN, RMS, RMS_Q, problem
+
+    bf = torch.bfloat16
+
+    def spec(fields: dict, pdl: bool = True) -> dict:  # PDL: on by default (NORMIR_PDL)
+        return dict(fields, target="sm_90", vec=max_vec(fields["n"], DTYPES["bf16"]), pdl=pdl)
+
+    plan: list[dict] = []
+    for n in (*SERVING_N, 4096):
+        for layer, kernel, eps in ((False, RMS, 1e-6), (True, LN, 1e-6)):
+            b = bf if layer else None
+            plan += [spec(problem(kernel, n, eps, bf, bf, bf, b, bf, in_place=ip)) for ip in (False, True)]
+        for kernel, eps, b in (("rmsnorm_fwd", 1e-5, None), (LN, 1e-5, bf)):  # rms_norm, layer_norm; out = x
+            plan += [spec(problem(kernel, n, eps, bf, bf, None, b, bf, in_place=ip)) for ip in (False, True)]
+        for r in (None, bf):
+            plan.append(spec(problem(RMS_Q, n, 1e-6, bf, bf, r, None, torch.float8_e4m3fn, q="fp8", static=True,
+                                     in_place=r is not None)))
+            plan += [spec(problem(RMS_Q, n, 1e-6, bf, bf, r, None, None, q=q, in_place=r is not None,
+                                  vllm_dynamic=True)) for q in ("fp8", "int8")]
+            plan.append(quant_fwd(n, RMS_Q, "fp8", False, residual=r is not None, return_y=False, store_stats=False))
+    plan.append(spec(problem(RMS_Q, 4096, 1e-6, bf, bf, None, None, None, q="fp8", scale_ub=True,
+                             vllm_dynamic=True)))
+    # scripts/sanitize.py serving: the quantized functions with the fused add, LayerNorm's in place
+    for n in SANITIZE_SERVING_N:
+        for kernel in QUANT_KERNELS:
+            plan += [quant_fwd(n, kernel, quant, dynamic, residual=True, return_y=False, store_stats=False)
+                     for quant in ("fp8", "int8") for dynamic in (False, True)]
+        plan.append(spec(problem(LN, n, 1e-5, bf, bf, bf, bf, bf, in_place=True)))
+    for n in BENCH_N:  # scripts/bench.py's serving rows (ip_add_fwd, q8_fwd, qi8_fwd, add_q8_fwd)
+        plan.append(spec(problem(RMS, n, 1e-6, bf, bf, bf, None, bf, in_place=True)))
+        plan += [spec(problem(RMS_Q, n, 1e-6, bf, bf, None, None, None, q=q, vllm_dynamic=True)) for q in ("fp8", "int8")]
+        plan.append(spec(problem(RMS_Q, n, 1e-6, bf, bf, bf, None, None, q="fp8", in_place=True, vllm_dynamic=True)))
+    # PDL off too: test_pdl_on_and_off_agree, the benchmark's normir-nopdl rows, and the training
+    # functions' out-of-place kernels the tests compare with (launched without it)
+    return plan + [dict(p, pdl=False) for p in plan if p.get("pdl")]

@@ -42,7 +42,10 @@ def sweep(test):
 SWEEP_FEATURES = {"rmsnorm_fwd": {}, "rmsnorm_bwd": {}, "fused_add_rmsnorm_bwd": {"has_dres_out": True},
                   "fused_add_rmsnorm_fwd": {"store_residual": True}, "layernorm_bwd": {"has_dres_out": True},
                   "layernorm_fwd": {"store_residual": True}, "layernorm_fwd+bias": {"bdtype": "T"},
-                  "layernorm_bwd+bias": {"bdtype": "f32"}}
+                  "layernorm_bwd+bias": {"bdtype": "f32"},
+                  # the quantized forwards with dynamic scales (the amax's reduction after the normalize)
+                  "rmsnorm_quant_fwd": {"qdtype": "f8e4m3", "qdynamic": True, "store_y": False},
+                  "layernorm_quant_fwd+bias": {"bdtype": "T", "qdtype": "i8", "qdynamic": True, "store_y": False}}
 
 
 def sweep_options(case: str, n: int, dtype: str, has_weight: bool, target: str) -> Build:
@@ -65,6 +68,8 @@ def check_barriers(opts: Build, isa: str) -> None:
     reused = KERNELS[opts.kernel].grid != "rows" or lay.stage  # row_sum's %red serves a next row
     want = (2 if reused else 1) if lay.tpr > lay.warp else 0
     if lay.two_pass and lay.tpr > lay.warp:  # the variance's second sum, and the barrier before it
+        want += 2
+    if opts.problem.qdynamic and lay.tpr > lay.warp:  # the amax's reduction, and the barrier before it
         want += 2
     got = len(BARRIER[opts.target].findall(isa))
     assert got == want, (f"{opts.kernel} N={opts.n} {opts.dtype} {'with' if opts.has_weight else 'without'} a "

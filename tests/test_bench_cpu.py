@@ -82,10 +82,11 @@ def test_by_round_pairs_each_round():
 def test_a_provider_offers_every_op_of_its_functions():
     p = bench.provider("peer", lambda x, w, eps: x, lambda x, r, w, eps: (x, r), lambda x, w, b, eps: x,
                        lambda x, r, w, b, eps: (x, r))
-    assert set(p.ops) == set(bench.OPS) | {"fwd_grad"} and p.is_peer
+    serving = {"ip_add_fwd", *bench.QUANT_OPS}  # quant_composites' rows, a provider's by its own keywords
+    assert set(p.ops) == set(bench.OPS) - serving | {"fwd_grad"} and p.is_peer
     rms = bench.provider("peer", lambda x, w, eps: x, lambda x, r, w, eps: (x, r))
     assert set(rms.ops) == {"fwd", "fwd_grad", "bwd", "fwdbwd", "add_fwd", "add_bwd"}
-    assert set(bench.SMALL_OPS) <= set(p.ops)
+    assert set(bench.SMALL_OPS) - serving <= set(p.ops)
     ln = bench.provider("peer", ln=lambda x, w, b, eps: x)
     assert set(ln.ops) == {"ln_fwd", "ln_bwd"}  # no fused-add LayerNorm: those rows leave it out
     only = bench.provider("normir-x", add=lambda x, r, w, eps: (x, r), fwd=lambda t: lambda: None)
@@ -249,3 +250,19 @@ def test_inputs_hold_what_the_ops_read():
     assert t.x.shape == t.dy.shape == (3, 8) and t.w.shape == (8,) and t.residual is t.dh is t.b is None
     t = bench.inputs(3, 8, torch.bfloat16, device="cpu")
     assert t.residual.shape == t.dh.shape == (3, 8) and t.b.dtype == torch.bfloat16
+
+
+def test_serving_rows_run_for_normir_and_the_torch_peers(cpu_launches):
+    # The serving rows' setups on CPU tensors (normir's launches emulated): each timed call runs,
+    # and the peers' composites quantize as normir's dynamic rule does.
+    t = bench.inputs(3, 256, torch.bfloat16, device="cpu")
+    normir_ops = bench.normir_serving()
+    torch_ops = bench.quant_composites(lambda x, w, eps: torch.nn.functional.rms_norm(x, (x.shape[-1],), w, eps),
+                                       bench._layer_norm)
+    for op in ("ip_add_fwd", *bench.QUANT_OPS):
+        assert op in bench.OPS and op in bench.BYTES_PER_ELEM and op in bench.SERVING_TITLES
+        normir_ops[op](t)()
+        torch_ops[op](t)()
+    y = torch.randn(4, 64)
+    q, s = bench.per_token_quant(y, torch.int8)
+    assert q.dtype == torch.int8 and torch.allclose(s.squeeze(1), y.abs().amax(-1) / 127)

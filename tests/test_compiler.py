@@ -24,7 +24,7 @@ _TID = "    %tid = gpu.thread_id x\n"
 
 def _text(target: str = "sm_90", n: int = 1024, kernel: str = "rmsnorm_fwd") -> str:
     dt = "f32" if kernel == "rmsnorm_dw_reduce" else "bf16"
-    return specialize(build(kernel=kernel, n=n, dtype=dt, target=target))
+    return specialize(build(kernel=kernel, n=n, dtype=dt, target=target, **dict(KERNELS[kernel].requires)))
 
 
 def _insert_after_tid(text: str, lines: str) -> str:

@@ -124,7 +124,8 @@ def test_module_forward(fake):
 
 def test_features_only_where_a_kernel_takes_them():
     with pytest.raises(ValueError, match=r"rmsnorm_fwd takes no residual \(kernels that do: "
-                                         r"fused_add_rmsnorm_fwd, layernorm_fwd\)"):
+                                         r"fused_add_rmsnorm_fwd, layernorm_fwd, layernorm_quant_fwd, "
+                                         r"rmsnorm_quant_fwd\)"):
         build(kernel="rmsnorm_fwd", n=1024, rdtype="f32")
     with pytest.raises(ValueError, match=r"rmsnorm_bwd takes no dres out \(kernels that do: "
                                          r"fused_add_rmsnorm_bwd, layernorm_bwd\)"):

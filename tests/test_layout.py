@@ -114,28 +114,33 @@ def test_key_string_is_stable_text():
     # Part of every cache key: a change here invalidates every AOT folder, so make it on purpose.
     # The problem's fields, then every field of the layout decided (not the knobs forced).
     o = build(kernel="rmsnorm_fwd", n=4096)
+    # The problem's fields that differ from their defaults (a new field leaves every key of the kernels
+    # that do not use it as it was).
     assert o.key_string() == (
-        "kernel='rmsnorm_fwd';n=4096;dtype='bf16';wdtype='bf16';eps=9.999999974752427e-07;target='sm_90';"
-        "has_weight=True;store_rstd=False;vec=8;atomic_dw=False;rdtype='';sdtype='';odtype='';xdtype='';gdtype='';"
-        "bdtype='';store_residual=False;has_dres_out=False;weight_offset=0.0|vec=8;tpr=256;rows=1;k=2;kfull=2;"
+        "kernel='rmsnorm_fwd';n=4096;eps=9.999999974752427e-07;vec=8|vec=8;tpr=256;rows=1;k=2;kfull=2;"
         "nchunk=512;cache_row=False;warp=32;prefetch_w=False;batch_reload=False;dw_regs=False;cluster=1;"
         "l2_prefetch=False;stage=False;stage_buffers=0;min_blocks=0;max_regs=0;hints=21;overlap=0;db_smem=0;"
         "cast_words=False;two_pass=False;stage_dres=False"
     )
     assert o.digest() == hashlib.sha256(o.key_string().encode()).hexdigest()
-    assert o.digest() == "907752b62a7a2e990869cb5aec855b063768a716b242293eae34c2a0837e5e4a"
+    assert o.digest() == "ca07ff8c51d5d9c3a9f9cb3340570eff5b1112019685faf39e342804701195f7"
 
 
 _ALTERNATIVES = dict(kernel="rmsnorm_bwd", n=2048, dtype="f16", wdtype="f32", eps=1e-5, target="gfx950",
                      has_weight=False, store_rstd=True, vec=4, atomic_dw=True,
                      rdtype="f32", sdtype="f32", odtype="f32", xdtype="f32", bdtype="f32", store_residual=True,
-                     has_dres_out=True, weight_offset=1.0, gdtype="f32")
+                     has_dres_out=True, weight_offset=1.0, gdtype="f32", qdtype="i8", qdynamic=True, has_smooth=True,
+                     has_scale_ub=True, store_y=False, inplace=True, sum_f32=True, round_xhat=True, pdl=True)
 # The kernel each field is tried on (one that takes it), and the fields it needs set beside it.
 _BASES = {"xdtype": dict(kernel="fused_add_rmsnorm_bwd"),
           "has_dres_out": dict(kernel="fused_add_rmsnorm_bwd"),
           "gdtype": dict(kernel="fused_add_rmsnorm_bwd", has_dres_out=True),
           **{f: dict(kernel="fused_add_rmsnorm_fwd", rdtype="bf16") for f in ("sdtype", "store_residual")},
-          **{f: dict(kernel="fused_add_rmsnorm_fwd") for f in ("rdtype", "odtype", "bdtype", "weight_offset")}}
+          **{f: dict(kernel="fused_add_rmsnorm_fwd") for f in ("rdtype", "odtype", "bdtype", "weight_offset")},
+          # the quantized forward's (with its q type: fp8, dynamic, a residual where sum_f32 needs it)
+          **{f: dict(kernel="rmsnorm_quant_fwd", qdtype="f8e4m3", qdynamic=f == "has_scale_ub")
+             for f in ("qdtype", "qdynamic", "has_smooth", "has_scale_ub", "store_y", "round_xhat")},
+          "sum_f32": dict(kernel="rmsnorm_quant_fwd", qdtype="f8e4m3", rdtype="bf16")}
 
 
 def test_alternatives_cover_every_problem_field():
@@ -751,7 +756,7 @@ def test_reduce_sums_dw_and_db_in_one_kernel():
 
 def _kernel_options(kernel: str, target: str, n: int = 2880) -> Build:
     dt = "f32" if kernel == "rmsnorm_dw_reduce" else "bf16"  # the reduction reads fp32 partials
-    return build(kernel=kernel, n=n, dtype=dt, wdtype="bf16", target=target)
+    return build(kernel=kernel, n=n, dtype=dt, wdtype="bf16", target=target, **dict(KERNELS[kernel].requires))
 
 
 @pytest.mark.parametrize("kernel", sorted(KERNELS))

@@ -10,7 +10,7 @@ from dataclasses import replace
 
 from .. import targets
 from . import geometry as G
-from .geometry import DTYPES, MAX_STAGE_BYTES, MAX_VECTOR_BYTES, Ctx, Layout
+from .geometry import DTYPES, ELEMENT_BYTES, MAX_STAGE_BYTES, MAX_VECTOR_BYTES, Ctx, Layout
 
 # The knobs a kernel of a fixed layout (the column sums) refuses when forced (stage=0 aside).
 FIXED = ("tpr", "cluster", "stage", "cache_row", "l2_prefetch", "hints", "overlap", "batch_reload", "max_regs")
@@ -87,7 +87,7 @@ def l2_prefetch(c: Ctx, lay: Layout) -> Layout:
 
 def hints(c: Ctx, lay: Layout) -> Layout:
     if c.ov.hints and not G.hintable(c, lay):
-        chunk_bytes = "/".join(map(str, sorted({lay.vec * DTYPES[t] for t in c.work.types_for(c.p)})))
+        chunk_bytes = "/".join(map(str, sorted({lay.vec * ELEMENT_BYTES[t] for t in c.work.types_for(c.p)})))
         raise ValueError(f"hints={c.ov.hints}: {c.p.kernel} on {c.p.target} has no L2 eviction hints for "
                          f"{chunk_bytes}-byte chunks (they need 16 and an NVVM target); use None or 0")
     return lay if c.ov.hints is None else replace(lay, hints=c.ov.hints)

@@ -18,6 +18,8 @@ if TYPE_CHECKING:
     from ..options import Overrides, Problem
 
 DTYPES = {"bf16": 2, "f16": 2, "f32": 4}  # MLIR element type -> bytes
+QDTYPES = {"f8e4m3": 1, "i8": 1}  # a quantized forward's q types (the kernel stores bytes: i8)
+ELEMENT_BYTES = {**DTYPES, "i8": 1}  # every element type a kernel moves
 # Bytes of a vector access at most, threads of a block at most, a block's threads where several rows share it.
 MAX_VECTOR_BYTES, MAX_THREADS, ROWS_BLOCK = 16, 1024, 256
 REDUCE_CT, REDUCE_RT = 8, 32  # the column sums: 8 column threads x 32 row threads
@@ -25,6 +27,7 @@ REDUCE_RT_SHORT, REDUCE_SHORT_CHUNKS = 128, 512  # 128 row threads for rows of a
 REDUCE_CT_LONG, REDUCE_RT_LONG, REDUCE_LONG_CHUNKS = 32, 8, 8192  # 32 x 8 from 8192 fp32 chunks
 BWD_OVERHEAD_REGS = 36  # six pointers, three strides and the persistent loop's state
 AMD_1024_ROW_ELEMENTS = 64  # row elements a thread of a 1024-thread AMDGPU block may hold
+AMD_1024_ROW_ELEMENTS_WB = 32  # ... beside w and b read again (rules.amd_wb_reread, a quantized forward's amax)
 # STAGE buffers past the first leave too little shared memory; db's slots in static shared memory
 # (48 KB at most, beside the reductions'); the quarter slots (db_smem 2, 3) past that go to dynamic
 # shared memory, up to two blocks' worth of a multiprocessor's 228 KB (NVIDIA; the stage piece's base).
@@ -148,7 +151,8 @@ class Ctx:
     grid: str  # "rows" (a block per row group: the forwards) or "persistent" (the backwards)
     kept: str  # the statistics kept (kernels.Stats.kept): "rms" or "centered"
     row_sums: int  # fp32 values a row carries through the block reduction and the cluster exchange
-    after_norm: tuple  # reductions after the normalize (kernels.RowReduce); () none
+    after_norm: tuple  # reductions after the normalize the problem asks for (kernels.RowReduce); () none
+    out_bytes: int  # bytes of the narrowest element the kernel writes (a quantized q: 1)
     reads: int  # row tensors pass 1 reads
     late_reads: int  # row tensors pass 2 alone reads (d_residual_out)
     col_sums: int  # fp32 per-column sums a persistent kernel keeps (dw, and db with a bias)
@@ -170,14 +174,16 @@ def context(p: Problem, ov: Overrides, tgt: targets.Target, spec: KernelSpec) ->
     w, t, reads = spec.work, p.types, spec.work.reads_for(p)
     held = sum(2 if t[x] == "bf16" else 4 for x in w.held_rows)
     hb = max(held, sum(DTYPES[t[x]] for x in reads)) if w.held is not None else held
-    return Ctx(p, ov, tgt, w, hb, spec.grid, spec.stats.kept, w.sums, w.after_norm, len(reads), len(w.late_for(p)),
+    out_bytes = min(ELEMENT_BYTES[t[x]] for x in w.writes)
+    return Ctx(p, ov, tgt, w, hb, spec.grid, spec.stats.kept, w.sums, w.after_for(p), out_bytes, len(reads),
+               len(w.late_for(p)),
                w.col_sums + (1 if w.bias_sums and p.bdtype else 0), DTYPES[p.dtype], p.has_weight, bool(p.bdtype),
                tgt.vendor)
 
 
 def sixteen(c: Ctx, lay: Layout) -> bool:
     """Every row tensor moves in 16-byte chunks."""
-    return {lay.vec * DTYPES[t] for t in c.work.types_for(c.p)} == {MAX_VECTOR_BYTES}
+    return {lay.vec * ELEMENT_BYTES[t] for t in c.work.types_for(c.p)} == {MAX_VECTOR_BYTES}
 
 
 def hintable(c: Ctx, lay: Layout) -> bool:
@@ -313,8 +319,20 @@ def streamed_row(lay: Layout, reads: int, sums: int) -> Layout:
 
 
 def fwd_layout(c: Ctx) -> Layout:
-    """A one-pass kernel's (a block per row group: the forward) geometry."""
-    return row_layout(c.p.n, c.p.vec, c.hb, c.tgt, c.ov.tpr or 0, DTYPES[c.p.wdtype], c.ov.cluster or 0)
+    """A one-pass kernel's (a block per row group: the forward) geometry. A reduction after the
+    normalize (a quantized forward's amax) has no cluster exchange: its row stays in one block,
+    and a row too long for the block's registers is read three times (pass 1, the amax's pass, the
+    stores) where others split over a cluster."""
+    cluster = c.ov.cluster or 0
+    if c.after_norm and cluster > 1:
+        raise ValueError(f"cluster={cluster}: {c.p.kernel}'s amax (qdynamic) has no cluster exchange; use None or 1")
+    lay = row_layout(c.p.n, c.p.vec, c.hb, c.tgt, c.ov.tpr or 0, DTYPES[c.p.wdtype], 1 if c.after_norm else cluster)
+    # AMDGPU's 1024 threads: the amax's pass reads w and b again beside the held row, which then
+    # spills past AMD_1024_ROW_ELEMENTS_WB (64 bytes of scratch at N=65536 in bf16 with a bias).
+    if c.after_norm and c.tgt.hoists_weight and lay.block >= MAX_THREADS and (c.weight or c.bias) and lay.cache_row \
+            and lay.k * lay.vec > AMD_1024_ROW_ELEMENTS_WB:
+        lay = replace(lay, cache_row=False, prefetch_w=False)
+    return lay
 
 
 def bwd_block(c: Ctx, n: int, vec: int, tpr: int = 0) -> Layout:

@@ -15,15 +15,26 @@ from dataclasses import dataclass, replace
 
 from . import forced as F
 from . import geometry as G
-from .geometry import DTYPES, MAX_THREADS, MAX_VECTOR_BYTES, Ctx, Layout, bwd_block, clustered, resident, row_block
+from .geometry import (
+    AMD_1024_ROW_ELEMENTS_WB,
+    DTYPES,
+    ELEMENT_BYTES,
+    MAX_THREADS,
+    MAX_VECTOR_BYTES,
+    Ctx,
+    Layout,
+    bwd_block,
+    clustered,
+    resident,
+    row_block,
+)
 
 # AMDGPU persistent kernels with the column sums in memory, with and without a weight, per chunk
 # width (elements): the chunks per thread [lo, hi) for which LLVM fully unrolls the chunk loops
 # into a spill, and the count that keeps them rolled. Found by compiling every N in every dtype.
 AMD_UNROLL_K = {True: {4: (16, 64, 64), 8: (12, 16, 32)}, False: {4: (32, 64, 64), 8: (16, 24, 32)}}
-# The same for chunks wider than 16 bytes (every count under it spilled somewhere); the row elements
-# a thread of a 1024-thread AMDGPU block may hold beside w and b.
-AMD_WIDE_ROLLED_K, AMD_1024_ROW_ELEMENTS_WB = 48, 32
+# The same for chunks wider than 16 bytes (every count under it spilled somewhere).
+AMD_WIDE_ROLLED_K = 48
 # Blocks a row: one-pass rows that fill a 1024-thread block (narrow), LayerNorm's two-read rows that
 # stream in 1024 threads or split (wide_sums_held); a streamed row of FWD_TWO_BLOCKS_THREADS or more
 # is capped for 2 blocks; held rows over a cluster load FWD_OVERLAP chunks of w and b early from
@@ -49,9 +60,9 @@ DB_SMEM_REGS_HELD, DB_SMEM_REGS_READ, DB_SMEM_REGS_BOTH, DB_SMEM_REGS_ONE, ONE_B
 BWD_SUMS_REGS, BWD_SUMS4_REGS = 128, 200
 
 # The features every rule of today was measured on, per grid: the statistics kept, the row sums,
-# the reductions after the normalize (none).
-MEASURED = {"rows": dict(kept=("rms", "centered"), row_sums=(1, 3), after_norm=((),)),
-            "persistent": dict(kept=("rms", "centered"), row_sums=(1, 2), after_norm=((),))}
+# the reductions after the normalize (none), the narrowest element written (2 or 4 bytes: no q).
+MEASURED = {"rows": dict(kept=("rms", "centered"), row_sums=(1, 3), after_norm=((),), out_bytes=(2, 4)),
+            "persistent": dict(kept=("rms", "centered"), row_sums=(1, 2), after_norm=((),), out_bytes=(2, 4))}
 SHAPE = "vec tpr rows k kfull nchunk cluster"  # the fields a row's covering sets
 HELD, STREAM = SHAPE + " cache_row", "tpr rows k kfull cache_row prefetch_w hints"  # a row held; the streamed reading
 # What the geometry derives from a covering: a shape rule's new covering may change them, and a rule
@@ -235,7 +246,7 @@ def amd_rolled(c: Ctx, lay: Layout) -> Layout | None:
     a spill (AMD_UNROLL_K), or in chunks wider than 16 bytes (a gradient or residual_out of a wider
     type: AMD_WIDE_ROLLED_K): enough chunks a thread that the chunk loops stay rolled."""
     lo, hi, k = AMD_UNROLL_K[c.p.has_weight].get(lay.vec, (0, 0, 0)) if lay.vec == 8 or c.p.dtype != "bf16" else (0,) * 3
-    wide = lay.vec * max(DTYPES[t] for t in c.work.types_for(c.p)) > MAX_VECTOR_BYTES
+    wide = lay.vec * max(ELEMENT_BYTES[t] for t in c.work.types_for(c.p)) > MAX_VECTOR_BYTES
     if lay.dw_regs or lay.rows > 1 or not (wide or lo <= lay.k < hi):
         return None
     # (wide chunks: the threads rounded down to whole warps, so that k does not fall back under AMD_WIDE_ROLLED_K)

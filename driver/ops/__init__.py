@@ -21,7 +21,7 @@ sys.meta_path[:] = [f for f in sys.meta_path if not isinstance(f, _AfterTorch)]
 
 import torch.distributed  # noqa: E402  (a part of torch's own import: it costs nothing)
 
-from . import _fused, _rows, fused_add_rmsnorm, layernorm, rmsnorm, swap  # noqa: E402, F401
+from . import _fused, _rows, fused_add_rmsnorm, layernorm, quant, rmsnorm, serving, swap  # noqa: E402, F401
 
 # op: (its module, the kernels it launches, its custom ops); the column sums' kernel (dw, db) is
 # every backward's, launched by _rows.column_sums.
@@ -30,6 +30,9 @@ OPS = {
     "fused_add_rmsnorm": (fused_add_rmsnorm, ("fused_add_rmsnorm_fwd", "fused_add_rmsnorm_bwd"),
                           ("fused_add_rmsnorm_fwd", "fused_add_rmsnorm_bwd")),
     "layernorm": (layernorm, ("layernorm_fwd", "layernorm_bwd"), ("layernorm_fwd", "layernorm_bwd")),
+    "quant": (quant, ("rmsnorm_quant_fwd", "layernorm_quant_fwd"), ("rmsnorm_quant_fwd", "layernorm_quant_fwd")),
+    # the in-place and vLLM-schema forms: mutating operators over the kernels above
+    "serving": (serving, (), tuple(serving.SERVING)),
 }
 SHARED_KERNELS = ("rmsnorm_dw_reduce",)
 

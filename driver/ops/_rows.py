@@ -284,6 +284,19 @@ def picker(kernel: str) -> Callable[[dict], tuple]:
     return get if len(names) > 1 else (lambda values: (get(values),))
 
 
+@cache
+def _has_pdl(dev: int) -> bool:
+    return L.targets.get(L.device_target(dev)).grid_dep_piece is not None
+
+
+def use_pdl(dev: int, enable: bool | None) -> bool:
+    """Whether a serving forward on GPU dev launches with programmatic dependent launch: where its
+    target has it, as enable says (None: NORMIR_PDL's setting)."""
+    if enable is None:
+        enable = L.env.PDL.get() != "0"
+    return bool(enable) and _has_pdl(dev)
+
+
 _plans: dict[tuple, Plan] = L.derived_cache({})
 
 
@@ -372,17 +385,19 @@ class Op:
     rule. Calling it calls the operator, or under a torch.func transform its Function (see
     register_autograd)."""
 
-    def __init__(self, name: str, fn: Callable):
+    def __init__(self, name: str, fn: Callable, mutates: tuple[str, ...] = ()):
         self.name = name
         self.qualname = f"normir::{name}"
-        LIB.define(name + torch.library.infer_schema(fn, mutates_args=()))
+        # mutates: the arguments the op writes (the serving forms), annotated Tensor(a!) in the schema
+        LIB.define(name + torch.library.infer_schema(fn, mutates_args=mutates))
         LIB.impl(name, fn, "CompositeExplicitAutograd")  # every device: the checks name the fix
         self.overload = getattr(torch.ops.normir, name).default
         self.args = tuple(a.name for a in self.overload._schema.arguments)
         self.func: type[torch.autograd.Function] | None = None
         self.rows: tuple[int, ...] = ()
         self.batched_outputs: Callable | None = None
-        torch.library.register_vmap(self.qualname, self._vmap, lib=LIB)
+        if not mutates:  # (no vmap of the in-place serving forms)
+            torch.library.register_vmap(self.qualname, self._vmap, lib=LIB)
 
     def __call__(self, *args):
         if self.func is not None and not torch.compiler.is_compiling() and _functorch_active():
@@ -436,9 +451,10 @@ class Op:
         return tuple(torch.stack(o) for o in zip(*per)), (0,) * len(per[0])
 
 
-def custom_op(name: str) -> Callable[[Callable], Op]:
-    """Decorator: the function as operator normir::name (see Op)."""
-    return lambda fn: Op(name, fn)
+def custom_op(name: str, mutates: tuple[str, ...] = ()) -> Callable[[Callable], Op]:
+    """Decorator: the function as operator normir::name (see Op), writing the arguments named by
+    mutates."""
+    return lambda fn: Op(name, fn, mutates)
 
 
 # ---------------------------------------------------------------------------- autocast

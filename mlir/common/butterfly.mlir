@@ -1,5 +1,5 @@
   // normir common piece: @${FN}, the row summaries (${NR} fp32 values) of 2^${STEPS} lanes of a
-  // warp merged by butterfly shuffles (offsets 1, 2, ..., 2^(STEPS-1)) and normir_combine_pair (the
+  // warp merged by butterfly shuffles (offsets 1, 2, ..., 2^(STEPS-1)) and @${PAIR} (the
   // op's merge of two summaries over as many elements, where the layout gives every thread as
   // many: a sum, or Chan's update); every lane gets the same bits (the merge is symmetric).
   // Values before PAIR_FIRST = ${PAIR_FIRST} are not shuffled: the pair merge does not read the
@@ -20,7 +20,7 @@
         %o2 = vector.insert %s, %o[%j] : f32 into vector<${NR}xf32>
         affine.yield %o2 : vector<${NR}xf32>
       }
-      %merged = func.call @normir_combine_pair(%acc, %other) : (vector<${NR}xf32>, vector<${NR}xf32>) -> vector<${NR}xf32>
+      %merged = func.call @${PAIR}(%acc, %other) : (vector<${NR}xf32>, vector<${NR}xf32>) -> vector<${NR}xf32>
       affine.yield %merged : vector<${NR}xf32>
     }
     return %r : vector<${NR}xf32>

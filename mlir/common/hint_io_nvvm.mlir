@@ -1,10 +1,11 @@
   // normir common piece: hint_io for NVVM targets (sm_80+), for the row tensor ${TENSOR}: 16-byte
   // global loads and stores that carry an L2 eviction policy (.L2::cache_hint, common/
-  // cache_policy_nvvm.mlir); loads go through ld.global.nc${LD_L1} (with .L1::evict_last where the
+  // cache_policy_nvvm.mlir); loads go through ld.global${LD_NC}${LD_L1} (LD_NC: .nc, the non-coherent path, unless
+  // the kernel writes what it reads: the in-place forms) (with .L1::evict_last where the
   // layout asks L1 to keep the lines), and a load marked `last` (a row's last read) through
-  // ld.global.nc${LD_L1_LAST}. No MLIR op carries these qualifiers, hence inline PTX. Used only
+  // ld.global${LD_NC}${LD_L1_LAST}. No MLIR op carries these qualifiers, hence inline PTX. Used only
   // where a chunk is one 16-byte vector (V * EB = 16).
-  // base + elem * EB, read through the non-coherent path (the tensors read are read-only).
+  // base + elem * EB, read through the non-coherent path where the tensors read are read-only.
   func.func private @normir_ld_hint_${TENSOR}(%base: index, %elem: index, %policy: i64, %last: i1) -> vector<${V}x${TYPE}>
       attributes {llvm.linkage = #llvm.linkage<internal>} {
     %eb = arith.constant ${EB} : index
@@ -13,11 +14,11 @@
     %addr_i64 = arith.index_cast %addr : index to i64
     %ptr = llvm.inttoptr %addr_i64 : i64 to !llvm.ptr<1>
     %s = scf.if %last -> (!llvm.struct<(i32, i32, i32, i32)>) {
-      %l = llvm.inline_asm "ld.global.nc${LD_L1_LAST}.L2::cache_hint.v4.b32 {$0, $1, $2, $3}, [$4], $5;",
+      %l = llvm.inline_asm "ld.global${LD_NC}${LD_L1_LAST}.L2::cache_hint.v4.b32 {$0, $1, $2, $3}, [$4], $5;",
           "=r,=r,=r,=r,l,l" %ptr, %policy : (!llvm.ptr<1>, i64) -> !llvm.struct<(i32, i32, i32, i32)>
       scf.yield %l : !llvm.struct<(i32, i32, i32, i32)>
     } else {
-      %k = llvm.inline_asm "ld.global.nc${LD_L1}.L2::cache_hint.v4.b32 {$0, $1, $2, $3}, [$4], $5;",
+      %k = llvm.inline_asm "ld.global${LD_NC}${LD_L1}.L2::cache_hint.v4.b32 {$0, $1, $2, $3}, [$4], $5;",
           "=r,=r,=r,=r,l,l" %ptr, %policy : (!llvm.ptr<1>, i64) -> !llvm.struct<(i32, i32, i32, i32)>
       scf.yield %k : !llvm.struct<(i32, i32, i32, i32)>
     }

@@ -1,17 +1,20 @@
-  // normir common piece: row_sum (spliced into every row kernel's gpu.module; written once).
+  // normir common piece: @${FN}, a row reduction (spliced into every row kernel's gpu.module: the
+  // op's row sums, FN=normir_row_sum; a quantized forward's amax too, FN=normir_row_max).
   // Merges the row summaries %v (${NR} fp32 values) of the ${TPR} consecutive threads that share a
-  // row with the op's normir_combine (a sum; LayerNorm's forward: Chan's update of (n, mean, M2))
-  // and returns the row's to each thread (NR: 1 for RMSNorm, 3 and 2 for LayerNorm).
+  // row with @${PAIR} (the op's merge: a sum; LayerNorm's forward: Chan's update of (n, mean, M2);
+  // the amax's: a max) and returns the row's to each thread (NR: 1 for RMSNorm, 3 and 2 for
+  // LayerNorm, 1 for the amax).
   // TPR <= ${WARP}: butterfly shuffles with offsets < TPR stay inside the row's lane group.
   // TPR >  ${WARP}: the row is ${WPR} whole warps (one row per block); warp totals meet in %red
-  // and each warp merges them with a second butterfly (missing warps: zeros, the merge's identity).
+  // and each warp merges them with a second butterfly (missing warps: zeros, the merge's identity:
+  // the amax merges magnitudes, >= 0).
   // The trailing barrier (RED_REUSED = ${RED_REUSED}) lets the caller reuse %red for the next
   // row (persistent kernels); a kernel that sums one row per block goes without it.
-  func.func private @normir_row_sum(%v: vector<${NR}xf32>, %tid: index,
+  func.func private @${FN}(%v: vector<${NR}xf32>, %tid: index,
       %red: memref<${NR}x${WPR}xf32, #gpu.address_space<workgroup>>) -> vector<${NR}xf32>
       attributes {llvm.linkage = #llvm.linkage<internal>} {
     %c0 = arith.constant 0 : index
-    %in_warp = func.call @normir_butterfly(%v) : (vector<${NR}xf32>) -> vector<${NR}xf32>
+    %in_warp = func.call @${FN}_lanes(%v) : (vector<${NR}xf32>) -> vector<${NR}xf32>
     %multi_warp = arith.constant ${MULTI_WARP}
     %total = scf.if %multi_warp -> (vector<${NR}xf32>) {
       %warp = arith.constant ${WARP} : index
@@ -44,7 +47,7 @@
       } else {
         scf.yield %zero : vector<${NR}xf32>
       }
-      %all = func.call @normir_butterfly_warp(%part) : (vector<${NR}xf32>) -> vector<${NR}xf32>
+      %all = func.call @${FN}_warps(%part) : (vector<${NR}xf32>) -> vector<${NR}xf32>
       %trail = arith.constant ${RED_REUSED}
       scf.if %trail {
         gpu.barrier
@@ -57,5 +60,5 @@
   }
 
   // The butterflies: over the row's lanes of a warp (TPR <= WARP), and over a whole warp.
-  // normir:splice common/butterfly.mlir FN=normir_butterfly STEPS=${SHUFFLE_STEPS}
-  // normir:splice common/butterfly.mlir FN=normir_butterfly_warp STEPS=${WARP_STEPS}
+  // normir:splice common/butterfly.mlir FN=${FN}_lanes STEPS=${SHUFFLE_STEPS}
+  // normir:splice common/butterfly.mlir FN=${FN}_warps STEPS=${WARP_STEPS}
