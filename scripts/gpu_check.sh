@@ -15,8 +15,7 @@ sel=${2:-}
 {
   date -u +%Y-%m-%dT%H:%MZ
   nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader
-  python3 -m pytest tests/test_gpu_rmsnorm.py tests/test_gpu_fused_add.py tests/test_gpu_layernorm.py tests/test_gpu_swap.py \
-    tests/test_gpu_integration.py tests/test_gpu_training.py tests/test_gpu_distributed.py -m "${MARKERS:-gpu and not multi_gpu}" -q -p no:cacheprovider -rfE ${sel:+-k "$sel"} 2>&1
+  python3 -m pytest tests/test_gpu_*.py -m "${MARKERS:-gpu and not multi_gpu}" -q -p no:cacheprovider -rfE ${sel:+-k "$sel"} 2>&1
 } > "$out/gpu-tests.txt"
 rc=$?
 tail -n 15 "$out/gpu-tests.txt"

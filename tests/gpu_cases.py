@@ -524,7 +524,9 @@ def training_specializations() -> list[dict]:
             for g in dts:
                 if g == x:
                     continue
-                plan += [dict(d, odtype=g) if d["kernel"] == "rmsnorm_bwd" else d for d in _bwd(n, x, x)]
+                # the vector is 16 bytes of the narrowest row tensor (dy's where it is narrower)
+                vec = max_vec(n, min(DTYPES[x], DTYPES[g]))
+                plan += [dict(d, odtype=g) if d["kernel"] == "rmsnorm_bwd" else d for d in _bwd(n, x, x, vec=vec)]
                 y = next(d for d in dts if d not in (x, g))
                 plan += fused_bwd(n, x, None, "", x, o=y, g=g) + layer_bwd(n, x, None, "", x, o=y, g=g)
     plan += [fused_fwd(2048, "bf16", "bf16", "", None)] + fused_bwd(2048, "bf16", "bf16", "", None, o="f32", g="f32")
@@ -655,6 +657,8 @@ def serving_specializations() -> list[dict]:
             plan.append(quant_fwd(n, RMS_Q, "fp8", False, residual=r is not None, return_y=False, store_stats=False))
     plan.append(spec(problem(RMS_Q, 4096, 1e-6, bf, bf, None, None, None, q="fp8", scale_ub=True,
                              vllm_dynamic=True)))
+    # test_pdl_on_and_off_agree: rms_norm at the test's eps
+    plan += [spec(problem("rmsnorm_fwd", 4096, 1e-6, bf, bf, None, None, bf, in_place=ip)) for ip in (False, True)]
     # scripts/sanitize.py serving: the quantized functions with the fused add, LayerNorm's in place
     for n in SANITIZE_SERVING_N:
         for kernel in QUANT_KERNELS:

@@ -25,6 +25,16 @@ def rel_err(out: torch.Tensor, ref: torch.Tensor, scale: float = 0.0) -> float:
     return (out - ref).norm().item() / (denom if denom > 0 else 1.0)
 
 
+def within_a_step(q: torch.Tensor, s: torch.Tensor, y64: torch.Tensor, quant: str) -> bool:
+    """Whether the dequantized q * s is within one quantization step of the float64 y everywhere:
+    s for int8; for fp8 e4m3fn 2^-3 of |y| (its 3 mantissa bits) plus s * 2^-9 (the subnormals'
+    spacing). One whole step, not half: the kernel quantizes its own fp32 y, whose x_hat may round
+    the other way than the float64 one's."""
+    qf = q.float().double() * s.double()
+    step = s.double() if quant == "int8" else y64.abs() * 2.0 ** -3 + s.double() * 2.0 ** -9
+    return bool(((qf - y64).abs() <= step * 1.01 + 1e-30).all())
+
+
 def poison(*specs: tuple[tuple[int, ...], torch.dtype]) -> None:
     """Fill blocks of the caching allocator with NaN so that the next allocations of these
     shapes (the launcher's outputs) start out as NaN rather than stale, valid-looking data."""

@@ -226,7 +226,8 @@ def empty_f32(shape: tuple[int, ...], dev: int, per_row: bool = False) -> torch.
     if proto is None:
         if len(_F32_PROTOS) >= 256:  # many distinct shapes: start over rather than grow
             _F32_PROTOS.clear()
-        one = torch.empty(1, dtype=torch.float32, device=torch.device("cuda", dev))
+        # 0-dim, so that it expands to any shape, () too (a 1-D x's per-row statistic, under vmap)
+        one = torch.empty((), dtype=torch.float32, device=torch.device("cuda", dev))
         proto = _F32_PROTOS[key] = one.expand(shape[:-1] if per_row else shape)
     return torch.empty_like(proto)
 

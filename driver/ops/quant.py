@@ -230,7 +230,9 @@ def quantize_ref(v: torch.Tensor, quant: str, scale: torch.Tensor | None = None,
         a = torch.nan_to_num(v.abs(), nan=0.0).amax(-1, keepdim=True)
         if scale_ub is not None:
             a = torch.minimum(a, scale_ub.float())
-        s = torch.clamp_min(a / qmax, floor)
+        # a / qmax as a true division: torch's CUDA division by a Python scalar multiplies by its
+        # reciprocal, one rounding more than the kernel's division
+        s = torch.clamp_min(a / torch.full_like(a, qmax), floor)
     else:
         s = scale.float().reshape((1,) * v.dim())
     scaled = v / s if (scale is None and quant == "fp8") else v * (1.0 / s)
